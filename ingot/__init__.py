@@ -1,0 +1,1 @@
+"""ingot: ahead-of-time compiler for LLMs."""

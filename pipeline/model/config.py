@@ -1,0 +1,124 @@
+"""The model configuration the IR needs, parsed from a Hugging Face ``config.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ModelConfig", "RopeConfig", "ConfigError", "SUPPORTED_ARCHITECTURES"]
+
+# model_type -> what differs from plain Llama. Everything else is shared.
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+
+class ConfigError(ValueError):
+    """The checkpoint's config.json describes something the IR cannot represent."""
+
+
+@dataclass(frozen=True, slots=True)
+class RopeConfig:
+    theta: float = 10000.0
+    type: str = "default"  # default | linear | dynamic | llama3
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        arch = hf.get("model_type")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ConfigError(
+                f"config.json: model_type {arch!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"config.json: hidden_act {hf['hidden_act']!r} (expected 'silu')")
+        heads = hf["num_attention_heads"]
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        # Qwen2 always has q/k/v biases (o_proj none); Llama's attention_bias covers all four.
+        llama_bias = arch != "qwen2" and bool(hf.get("attention_bias", False))
+        window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
+        return cls(
+            architecture=arch,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope=_rope_from_hf(hf),
+            qkv_bias=arch == "qwen2" or llama_bias,
+            o_bias=llama_bias,
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            sliding_window=window,
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ModelConfig:
+        file = Path(path) / "config.json"
+        try:
+            return cls.from_hf(json.loads(file.read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"{file}: cannot read the model config ({e})") from e
+        except KeyError as e:
+            raise ConfigError(f"{file}: missing required key {e}") from e
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        d = dict(d, rope=RopeConfig(**d["rope"]), eos_token_ids=tuple(d["eos_token_ids"]))
+        return cls(**d)
+
+
+def _rope_from_hf(hf: dict[str, Any]) -> RopeConfig:
+    # transformers >= 5 writes rope_parameters; older configs split rope_theta / rope_scaling.
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = hf.get("rope_scaling") or {}
+    params = {**scaling, **params}
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind not in ("default", "linear", "dynamic", "llama3"):
+        raise ConfigError(
+            f"config.json: rope type {kind!r} is not supported "
+            "(supported: default, linear, dynamic, llama3)"
+        )
+    return RopeConfig(
+        theta=float(params.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        type=kind,
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=params.get("original_max_position_embeddings"),
+    )

@@ -1,0 +1,79 @@
+"""The Llama-family causal LM (Llama, Mistral, Qwen2): reference, calibration vehicle, export source."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .layers import DecoderLayer, RMSNorm
+from .rope import cos_sin
+
+__all__ = ["LlamaModel", "KVCache", "causal_mask"]
+
+# Per layer (k, v): [B, Hkv, P, D] each, P = tokens seen so far.
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def causal_mask(
+    q_positions: torch.Tensor, k_positions: torch.Tensor, window: int | None = None
+) -> torch.Tensor:
+    """[B, 1, Tq, Tk] bool, True where query i may attend key j (j's position <= i's)."""
+    diff = q_positions[:, :, None] - k_positions[:, None, :]  # [B, Tq, Tk]
+    allowed = diff >= 0
+    if window is not None:
+        allowed &= diff < window
+    return allowed[:, None]
+
+
+class LlamaModel(nn.Module):
+    """Module names match the recipe's targets: ``layers.{i}.attn.q_proj``, ``lm_head``, …"""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
+        """input_ids: [B, T] -> logits [B, T, V], hidden (after the final norm) [B, T, hidden],
+        and the cache extended by these T tokens."""
+        b, t = input_ids.shape
+        past_len = 0 if not cache else cache[0][0].shape[2]
+        if positions is None:
+            positions = torch.arange(past_len, past_len + t).expand(b, t)
+        # Dynamic NTK scaling depends on the longest position of this call, as in transformers.
+        cos, sin = cos_sin(self.cfg, positions, seq_len=int(positions.max()) + 1)  # [B, T, D/2]
+        # Keys: the cached tokens sat at positions 0..past_len-1, the new ones at `positions`.
+        k_positions = torch.cat((torch.arange(past_len).expand(b, past_len), positions), dim=1)
+        mask = causal_mask(positions, k_positions, self.cfg.sliding_window)
+
+        x = self.embed_tokens(input_ids)  # [B, T, hidden]
+        new_cache: KVCache = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, cos, sin, mask, None if not cache else cache[i])
+            new_cache.append(kv)
+        hidden = self.norm(x)
+        return self.lm_head(hidden), hidden, new_cache
+
+    @torch.inference_mode()
+    def generate_greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+        """Reference greedy decoding with a contiguous KV cache: the oracle for the runtime."""
+        logits, _, cache = self(torch.tensor([prompt]))
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            token = int(logits[0, -1].argmax())
+            out.append(token)
+            if token in self.cfg.eos_token_ids:
+                break
+            logits, _, cache = self(torch.tensor([[token]]), cache=cache)
+        return out

@@ -1,0 +1,91 @@
+"""Load a Hugging Face safetensors checkpoint into the IR (float32), by tensor name."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .config import ModelConfig
+from .llama import LlamaModel
+
+__all__ = ["load_model", "weight_files", "CheckpointError"]
+
+
+class CheckpointError(ValueError):
+    """The checkpoint's weight files are missing, unsafe or do not fit the config."""
+
+
+# HF name -> IR name. Layer-local renames keep the IR's names short and readable.
+_RENAMES = (
+    (r"^model\.embed_tokens\.", "embed_tokens."),
+    (r"^model\.norm\.", "norm."),
+    (r"^model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.attn_norm."),
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.mlp_norm."),
+    (r"^model\.layers\.(\d+)\.self_attn\.", r"layers.\1.attn."),
+    (r"^model\.layers\.(\d+)\.mlp\.", r"layers.\1.mlp."),
+)
+# Buffers some checkpoints carry that the IR recomputes.
+_IGNORED = re.compile(r"rotary_emb\.inv_freq$")
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory; pickled weights are refused."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        return files
+    pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
+    if pickled:
+        raise CheckpointError(
+            f"{path}: only pickle weights found ({', '.join(pickled)}); ingot loads safetensors "
+            "only, because unpickling can run arbitrary code. Convert the checkpoint first."
+        )
+    raise CheckpointError(f"{path}: no *.safetensors weight files found")
+
+
+def _ir_name(hf_name: str) -> str:
+    for pattern, repl in _RENAMES:
+        name, n = re.subn(pattern, repl, hf_name)
+        if n:
+            return name
+    return hf_name
+
+
+def load_model(path: str | Path, cfg: ModelConfig | None = None) -> LlamaModel:
+    path = Path(path)
+    cfg = cfg or ModelConfig.from_dir(path)
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    expected = {k: v for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+    state: dict[str, torch.Tensor] = {}
+    for file in weight_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            for hf_name in f.keys():
+                if _IGNORED.search(hf_name):
+                    continue
+                name = _ir_name(hf_name)
+                if name not in expected:
+                    raise CheckpointError(f"{file.name}: unexpected tensor {hf_name!r}")
+                tensor = f.get_tensor(hf_name).to(torch.float32)
+                if tensor.shape != expected[name].shape:
+                    raise CheckpointError(
+                        f"{file.name}: {hf_name} has shape {tuple(tensor.shape)}, "
+                        f"config.json implies {tuple(expected[name].shape)}"
+                    )
+                state[name] = tensor
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise CheckpointError(f"{path}: tensors missing from the checkpoint: {missing[:5]}")
+    model.load_state_dict(state, assign=True, strict=False)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.eval()

@@ -1,0 +1,52 @@
+"""Round-to-nearest weight quantization (the baseline every other method is compared to)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..model.qlinear import QuantizedLinear
+
+__all__ = ["quantize_weight", "quantize_linear_rtn", "integer_range"]
+
+
+def integer_range(bits: int, symmetric: bool) -> tuple[int, int]:
+    """Codes are signed for symmetric (zero point 0, ONNX INT4/INT8), unsigned otherwise."""
+    if symmetric:
+        return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    return 0, 2**bits - 1
+
+
+def quantize_weight(
+    w: torch.Tensor, bits: int, group_size: int, symmetric: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """w: [N, K] float -> codes [N, K], scales [N, G], zero_points [N, G] | None; G = K / g.
+
+    group_size -1 means one group per output channel. Symmetric scales use the half-range
+    (qmax - qmin) / 2, as compressed-tensors does, so the code -2^(b-1) is reachable.
+    """
+    n, k = w.shape
+    g = k if group_size == -1 else group_size
+    qmin, qmax = integer_range(bits, symmetric)
+    groups = w.float().reshape(n, k // g, g)  # [N, G, g]
+    if symmetric:
+        scales = groups.abs().amax(-1) / ((qmax - qmin) / 2)  # [N, G]
+        scales = torch.where(scales == 0, torch.ones_like(scales), scales)
+        codes = torch.clamp(torch.round(groups / scales[..., None]), qmin, qmax)
+        return codes.reshape(n, k).to(torch.int8), scales, None
+    lo = groups.amin(-1).clamp(max=0)  # the range always holds 0, so zero is exact
+    hi = groups.amax(-1).clamp(min=0)
+    scales = (hi - lo) / (qmax - qmin)
+    scales = torch.where(scales == 0, torch.ones_like(scales), scales)
+    zeros = torch.clamp(torch.round(qmin - lo / scales), qmin, qmax)  # [N, G]
+    codes = torch.clamp(torch.round(groups / scales[..., None]) + zeros[..., None], qmin, qmax)
+    return codes.reshape(n, k).to(torch.uint8), scales, zeros.to(torch.uint8)
+
+
+def quantize_linear_rtn(
+    linear: nn.Linear, bits: int, group_size: int, symmetric: bool
+) -> QuantizedLinear:
+    codes, scales, zeros = quantize_weight(linear.weight.data, bits, group_size, symmetric)
+    g = linear.in_features if group_size == -1 else group_size
+    bias = None if linear.bias is None else linear.bias.data.clone()
+    return QuantizedLinear(codes, scales, zeros, bits=bits, group_size=g, bias=bias)
