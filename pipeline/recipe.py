@@ -1,0 +1,347 @@
+"""The recipe: one declarative YAML file that says how to build an artifact.
+
+Every model forbids unknown keys (a typo must not silently fall back to a default) and is strict
+(YAML already gives typed values, so "4" for `bits` is a mistake, not something to coerce).
+Checks that need the source model's config.json live in `recipe_checks.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+)
+from pydantic_core import PydanticCustomError
+
+from .recipe_errors import RecipeError, format_validation_error
+
+__all__ = [
+    "Artifact",
+    "Calibration",
+    "Export",
+    "HubSource",
+    "KvCache",
+    "LocalSource",
+    "OnnxRuntimeTarget",
+    "Recipe",
+    "RecipeError",
+    "Quantize",
+    "RtnQuantize",
+    "STAGES",
+    "Source",
+    "Target",
+    "load_recipe",
+    "recipe_json_schema",
+]
+
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# -- source ------------------------------------------------------------------------------------
+
+
+class LocalSource(_Strict):
+    """A Hugging Face checkpoint directory on disk (config.json, *.safetensors, tokenizer)."""
+
+    path: str = Field(
+        min_length=1,
+        description="Checkpoint directory; a relative path is resolved against the recipe's "
+        "directory when the recipe is loaded.",
+    )
+
+
+class HubSource(_Strict):
+    """A Hugging Face Hub repository, pinned to a revision. Remote code is never run."""
+
+    hub: str = Field(
+        pattern=r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$",
+        description="Repository id, `org/name`.",
+    )
+    revision: str = Field(
+        pattern=r"^[A-Za-z0-9][\w./-]{0,127}$",
+        description="Commit sha (40 hex digits, preferred: it cannot move) or a tag / branch; "
+        "ingot.lock records the sha it resolved to.",
+    )
+
+
+def _source_kind(value: Any) -> str | None:
+    # Which union member to validate against is decided by which key is present; both or
+    # neither is an error (None makes pydantic raise the custom error below).
+    # Serializing hands us the model instead of the mapping.
+    if isinstance(value, LocalSource | HubSource):
+        return "path" if isinstance(value, LocalSource) else "hub"
+    if not isinstance(value, dict):
+        return None
+    present = {"path", "hub"} & value.keys()
+    return present.pop() if len(present) == 1 else None
+
+
+Source = Annotated[
+    Annotated[LocalSource, Tag("path")] | Annotated[HubSource, Tag("hub")],
+    Discriminator(
+        _source_kind,
+        custom_error_type="source_kind",
+        custom_error_message="needs exactly one of `path` (local checkpoint) "
+        "or `hub` + `revision` (Hugging Face Hub)",
+    ),
+]
+
+
+# -- calibration -------------------------------------------------------------------------------
+
+
+class Calibration(_Strict):
+    """Text the activation-aware quantizers run through the model (RTN does not use it)."""
+
+    dataset: str = Field(
+        min_length=1, description="Hub dataset id, or a local .txt / .jsonl / .parquet file."
+    )
+    split: str = Field(default="train", min_length=1, description="Dataset split to sample.")
+    text_field: str = Field(
+        default="text", min_length=1, description="Column (or JSON key) holding the text."
+    )
+    samples: int = Field(default=128, gt=0, description="Number of calibration sequences.")
+    seq_len: int = Field(default=512, ge=16, description="Tokens per calibration sequence.")
+    seed: int = Field(default=0, ge=0, description="Seed for choosing the samples.")
+
+
+# -- quantize ----------------------------------------------------------------------------------
+
+
+def _check_module_pattern(pattern: str) -> str:
+    if pattern.startswith("re:"):
+        try:
+            re.compile(pattern[3:])
+        except re.error as exc:
+            raise PydanticCustomError(
+                "bad_regex", "invalid regular expression: {reason}", {"reason": str(exc)}
+            ) from None
+    return pattern
+
+
+ModulePattern = Annotated[
+    str,
+    Field(min_length=1),
+    AfterValidator(_check_module_pattern),
+]
+
+
+class RtnQuantize(_Strict):
+    """Round-to-nearest weight quantization: no calibration data, the fast baseline."""
+
+    method: Literal["rtn"] = Field(description="Quantization algorithm.")
+    bits: Literal[4, 8] = Field(description="Bits per weight.")
+    group_size: Literal[32, 64, 128, -1] = Field(
+        description="Input channels sharing one scale; -1 = one scale per output channel.",
+    )
+    symmetric: bool = Field(
+        default=True, description="Symmetric (zero point 0) or asymmetric (with zero points)."
+    )
+    targets: list[ModulePattern] = Field(
+        default=["re:.*"],
+        min_length=1,
+        description="Modules to quantize: IR module names (`layers.0.attn.q_proj`, `lm_head`) "
+        "or regular expressions prefixed `re:` that must match the whole name.",
+    )
+    ignore: list[ModulePattern] = Field(
+        default=["lm_head"],
+        description="Modules to leave unquantized, even if `targets` selects them "
+        "(same syntax as `targets`).",
+    )
+
+
+# One member today; GPTQ / AWQ join as `RtnQuantize | GptqQuantize | ...`. Discriminating
+# already now makes an unknown method fail with the list of known ones.
+Quantize = Annotated[RtnQuantize, Field(discriminator="method")]
+
+
+# -- kv cache, export --------------------------------------------------------------------------
+
+
+class KvCache(_Strict):
+    """The paged KV cache the runtime allocates; the exported graph reads it by block table."""
+
+    dtype: Literal["fp32", "fp16"] = Field(default="fp32", description="Element type of K/V.")
+    block_size: Literal[1, 2, 4, 8, 16, 32, 64, 128, 256] = Field(
+        default=16, description="Tokens per KV block (a power of two, 1..256)."
+    )
+
+
+class Export(_Strict):
+    """The ONNX graph: standard operators, fused attention."""
+
+    opset: Literal[23] = Field(default=23, description="ONNX opset (23: fused `Attention`).")
+    max_seq_len: int = Field(
+        default=2048, ge=16, description="Longest sequence (prompt + output) the artifact serves."
+    )
+    fused_attention: Literal[True] = Field(
+        default=True, description="Export attention as the op-23 `Attention` operator."
+    )
+    dtype: Literal["fp32"] = Field(
+        default="fp32", description="Element type of activations and unquantized weights."
+    )
+
+
+# -- engine targets ----------------------------------------------------------------------------
+
+
+class OnnxRuntimeTarget(_Strict):
+    """ONNX Runtime; the graph is optimized at build time and loaded as is by the runtime."""
+
+    engine: Literal["onnxruntime"] = Field(description="Inference engine.")
+    device: Literal["cpu"] = Field(default="cpu", description="Execution provider's device.")
+    optimization_level: Literal["basic", "extended", "all"] = Field(
+        default="all", description="ORT graph optimization level applied at build time."
+    )
+    intra_op_num_threads: int = Field(
+        default=0, ge=0, description="Threads per operator; 0 lets ONNX Runtime choose."
+    )
+
+
+Target = Annotated[OnnxRuntimeTarget, Field(discriminator="engine")]
+
+
+def _check_unique_targets(targets: list[OnnxRuntimeTarget]) -> list[OnnxRuntimeTarget]:
+    # Each target gets its own engines/<engine>-<device>/ directory in the artifact.
+    seen: dict[tuple[str, str], int] = {}
+    for index, target in enumerate(targets):
+        key = (target.engine, target.device)
+        if key in seen:
+            raise PydanticCustomError(
+                "duplicate_target",
+                "targets {first} and {second} are both {engine} on {device}",
+                {"first": seen[key], "second": index, "engine": key[0], "device": key[1]},
+            )
+        seen[key] = index
+    return targets
+
+
+# -- artifact ----------------------------------------------------------------------------------
+
+
+class Artifact(_Strict):
+    """What the build produces."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$",
+        description="Artifact name (lower case; used in paths and registry references).",
+    )
+    version: str = Field(
+        default="0.1.0",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$",
+        description="Artifact version (a valid OCI tag).",
+    )
+
+
+# -- the recipe --------------------------------------------------------------------------------
+
+
+class Recipe(_Strict):
+    """An ingot recipe: source checkpoint -> quantized, exported, engine-built artifact."""
+
+    source: Source = Field(description="Where the checkpoint comes from.")
+    calibration: Calibration | None = Field(
+        default=None, description="Calibration data (needed by activation-aware methods)."
+    )
+    quantize: list[Quantize] = Field(
+        default=[], description="Quantization passes; each module is quantized by at most one."
+    )
+    kv_cache: KvCache = Field(default=KvCache(), description="Paged KV cache layout.")
+    export: Export = Field(default=Export(), description="ONNX export settings.")
+    targets: Annotated[list[Target], AfterValidator(_check_unique_targets)] = Field(
+        default=[OnnxRuntimeTarget(engine="onnxruntime")],
+        min_length=1,
+        description="Engines to build; the runtime picks the first one the host can run.",
+    )
+    artifact: Artifact = Field(description="Name and version of the result.")
+
+    def stage_slice(self, stage: str) -> dict[str, Any]:
+        """The JSON-able part of the recipe that build stage `stage` depends on (its cache key)."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r} (allowed: {', '.join(STAGES)})")
+        return self.model_dump(mode="json", include=set(STAGES[stage]))
+
+
+# Which recipe sections each build stage reads; a change elsewhere does not invalidate it.
+STAGES: dict[str, tuple[str, ...]] = {
+    "source": ("source",),
+    "calibrate": ("calibration",),
+    "quantize": ("quantize",),
+    "export": ("export", "kv_cache"),
+    "engine": ("targets",),
+    "package": ("artifact",),
+}
+
+
+def recipe_json_schema() -> dict[str, Any]:
+    """JSON Schema of the recipe, for editors; checked in as recipes/recipe.schema.json."""
+    return {"$schema": JSON_SCHEMA_DIALECT, **Recipe.model_json_schema()}
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, except that a key given twice is an error instead of last-one-wins."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        keys = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in keys:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            keys.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_recipe(path: str | os.PathLike[str]) -> Recipe:
+    """Read and validate a recipe file; raises RecipeError listing every problem found."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError([f"{file}: no such recipe file"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError([f"{file}: cannot read recipe: {exc}"]) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise RecipeError([f"{file}: not valid YAML: {where}{exc.problem}"]) from None
+    except yaml.YAMLError as exc:
+        raise RecipeError([f"{file}: not valid YAML: {exc}"]) from None
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        raise RecipeError([f"{file}: a recipe must be a YAML mapping of sections (got {kind})"])
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(format_validation_error(exc, file, Recipe)) from None
+    return _resolve_source_path(recipe, Path(path).absolute().parent)
+
+
+def _resolve_source_path(recipe: Recipe, recipe_dir: Path) -> Recipe:
+    # A recipe names its checkpoint relative to itself, so it builds from any working directory.
+    if not isinstance(recipe.source, LocalSource):
+        return recipe
+    resolved = os.path.normpath(recipe_dir / os.path.expanduser(recipe.source.path))
+    source = recipe.source.model_copy(update={"path": resolved})
+    return recipe.model_copy(update={"source": source})
