@@ -1,0 +1,43 @@
+"""ingot artifacts: the on-disk format of a compiled model and its verification.
+
+Imports only the stdlib, numpy and pydantic: the production runtime depends on it.
+"""
+
+from ingot.artifacts.digest import sha256_bytes, sha256_file
+from ingot.artifacts.errors import ArtifactError
+from ingot.artifacts.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    EngineInfo,
+    FileEntry,
+    FileRef,
+    GraphInfo,
+    Manifest,
+    ModelInfo,
+    TokenizerInfo,
+    read_manifest,
+    write_manifest,
+)
+from ingot.artifacts.paths import iter_artifact_files, safe_relative_path
+from ingot.artifacts.verify import manifest_digest, verify_artifact
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "ArtifactError",
+    "EngineInfo",
+    "FileEntry",
+    "FileRef",
+    "GraphInfo",
+    "Manifest",
+    "ModelInfo",
+    "TokenizerInfo",
+    "iter_artifact_files",
+    "manifest_digest",
+    "read_manifest",
+    "safe_relative_path",
+    "sha256_bytes",
+    "sha256_file",
+    "verify_artifact",
+    "write_manifest",
+]

@@ -1,0 +1,335 @@
+"""manifest.json: the schema of an artifact and its deterministic reader and writer.
+
+The manifest is the artifact's identity: its digest is what `ingot push` publishes and what a
+production pod pins, so the same contents must always serialize to the same bytes, and a
+reader must refuse anything it does not fully understand rather than guess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from ingot.artifacts.digest import sha256_bytes, sha256_file
+from ingot.artifacts.errors import ArtifactError
+from ingot.artifacts.paths import MANIFEST_NAME, iter_artifact_files
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "EngineInfo",
+    "FileEntry",
+    "FileRef",
+    "GraphInfo",
+    "Manifest",
+    "ModelInfo",
+    "TokenizerInfo",
+    "manifest_bytes",
+    "read_manifest",
+    "read_manifest_bytes",
+    "reference_problems",
+    "write_manifest",
+]
+
+FORMAT = "ingot.artifact"
+FORMAT_VERSION = 1
+
+# A manifest is a few MB at most even for sharded 70B checkpoints; the cap keeps a hostile
+# file from exhausting memory before it is even parsed.
+_MAX_MANIFEST_BYTES = 64 << 20
+
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lowercase hex SHA-256")]
+Positive = Annotated[int, Field(gt=0)]
+NonNegative = Annotated[int, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    # strict: a manifest is machine-written, so "1" for 1 is a bug to report, not to coerce.
+    # ser_json_inf_nan="constants": keep NaN as NaN so serialization refuses it; pydantic's
+    # default would silently write null in its place.
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, ser_json_inf_nan="constants"
+    )
+
+
+class FileRef(_Strict):
+    """A file the manifest depends on by digest (today: the build lock)."""
+
+    path: str = Field("ingot.lock", description="relative path inside the artifact")
+    sha256: Sha256Hex
+
+
+class FileEntry(_Strict):
+    """One file of the artifact, as verified before anything loads it."""
+
+    path: str = Field(description="relative POSIX path inside the artifact")
+    size: NonNegative = Field(description="size in bytes")
+    sha256: Sha256Hex
+
+
+class ModelInfo(_Strict):
+    """The model configuration the runtime needs without reading the checkpoint."""
+
+    architecture: str = Field(description="HF architecture name, e.g. LlamaForCausalLM")
+    vocab_size: Positive
+    hidden_size: Positive
+    num_layers: Positive
+    num_heads: Positive
+    num_kv_heads: Positive
+    head_dim: Positive
+    max_seq_len: Positive
+    sliding_window: Positive | None = Field(
+        None, description="Mistral-style attention window (the runtime's mask enforces it)"
+    )
+    bos_token_id: NonNegative | None
+    eos_token_ids: list[NonNegative]
+    tie_word_embeddings: bool
+    quantization: list[dict[str, Any]] = Field(
+        default_factory=list, description="one entry per applied quantization step"
+    )
+
+
+class TokenizerInfo(_Strict):
+    """Where the tokenizer and chat template live and the special tokens they use."""
+
+    path: str = Field("tokenizer.json", description="relative path of the tokenizers JSON")
+    chat_template: str | None = Field(None, description="relative path, e.g. chat_template.jinja")
+    bos_token: str | None = None
+    eos_token: str | None = None
+
+
+class GraphInfo(_Strict):
+    """The exported graph and the interface the runtime binds to it."""
+
+    path: str = Field("model.onnx", description="relative path of the ONNX graph")
+    opset: Positive
+    inputs: list[str]
+    outputs: list[str]
+    num_layers: Positive
+    kv_block_size: Positive
+    kv_dtype: Literal["fp32", "fp16"]
+    num_kv_heads: Positive
+    head_dim: Positive
+
+
+class EngineInfo(_Strict):
+    """One built engine and what a host needs to run it."""
+
+    name: str = Field(description="unique target name, e.g. onnxruntime-cpu")
+    engine: Literal["onnxruntime", "tensorrt"]
+    device: str = Field(description="cpu, cuda, ...")
+    path: str = Field(description="relative path of the engine file")
+    requires: dict[str, Any] = Field(
+        default_factory=dict,
+        description='host requirements, e.g. {"onnxruntime": ">=1.23,<2", "cpu_isa": ["avx2"]}',
+    )
+    session_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class Manifest(_Strict):
+    """manifest.json, format `ingot.artifact` version 1."""
+
+    format: Literal["ingot.artifact"] = FORMAT
+    format_version: int = FORMAT_VERSION
+    name: str
+    version: str
+    recipe: dict[str, Any] = Field(description="the resolved recipe")
+    lock: FileRef
+    model: ModelInfo
+    tokenizer: TokenizerInfo = Field(default_factory=TokenizerInfo)
+    graph: GraphInfo
+    engines: list[EngineInfo] = Field(min_length=1, description="in order of preference")
+    eval: dict[str, Any] | None = None
+    files: list[FileEntry] = Field(description="every file except manifest.json, by path")
+
+    @field_validator("format_version")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v != FORMAT_VERSION:
+            raise ValueError(f"format_version {v} is not supported (supported: {FORMAT_VERSION})")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        paths = [f.path for f in self.files]
+        if len(set(paths)) != len(paths):
+            dupes = sorted({p for p in paths if paths.count(p) > 1})
+            raise ValueError(f"files lists a path more than once: {', '.join(dupes)}")
+        names = [e.name for e in self.engines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engine names must be unique, got {names}")
+        # The runtime sizes its KV pool from the graph and checks it against the model; a
+        # disagreement here means the export and the config describe different models.
+        for field in ("num_layers", "num_kv_heads", "head_dim"):
+            if getattr(self.graph, field) != getattr(self.model, field):
+                raise ValueError(
+                    f"graph.{field} ({getattr(self.graph, field)}) differs from "
+                    f"model.{field} ({getattr(self.model, field)})"
+                )
+        return self
+
+    def referenced_paths(self) -> dict[str, str]:
+        """{manifest field: relative path} for every file the manifest points at."""
+        refs = {"lock.path": self.lock.path, "tokenizer.path": self.tokenizer.path}
+        if self.tokenizer.chat_template is not None:
+            refs["tokenizer.chat_template"] = self.tokenizer.chat_template
+        refs["graph.path"] = self.graph.path
+        for engine in self.engines:
+            refs[f"engines[{engine.name}].path"] = engine.path
+        return refs
+
+
+def reference_problems(manifest: Manifest) -> list[str]:
+    """Referenced paths missing from `files`, and a lock digest that disagrees with its entry.
+
+    A reference outside `files` would be loaded without ever being verified.
+    """
+    listed = {f.path: f for f in manifest.files}
+    problems = [
+        f"{path}: referenced by {field} but not listed in files"
+        for field, path in manifest.referenced_paths().items()
+        if path not in listed
+    ]
+    entry = listed.get(manifest.lock.path)
+    if entry is not None and entry.sha256 != manifest.lock.sha256:
+        problems.append(
+            f"{manifest.lock.path}: lock sha256 mismatch "
+            f"(lock {manifest.lock.sha256[:12]}…, files entry {entry.sha256[:12]}…)"
+        )
+    return problems
+
+
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """The canonical serialization: sorted keys, 2-space indent, ASCII, trailing newline."""
+    try:
+        data = manifest.model_dump(mode="json")
+        text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False)
+    except ValueError as e:  # NaN / Infinity: not JSON, and not portable to other readers
+        raise ArtifactError(f"manifest cannot be serialized as JSON: {e}") from e
+    return (text + "\n").encode("ascii")
+
+
+def write_manifest(root: Path, manifest_fields: dict[str, Any]) -> tuple[Manifest, str]:
+    """Hash every file under `root`, validate, and atomically write root/manifest.json.
+
+    `manifest_fields` holds every field except `files`, which is computed here so it can never
+    disagree with the directory. Returns the manifest and its digest, `sha256:<hex>`.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ArtifactError(f"{root}: not a directory")
+    if "files" in manifest_fields:
+        raise ArtifactError("manifest fields: 'files' is computed from the directory; omit it")
+    files = [
+        {"path": rel, "size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
+        for rel in iter_artifact_files(root)
+    ]
+    manifest = _validate({**manifest_fields, "files": files}, "manifest fields")
+    problems = reference_problems(manifest)
+    if problems:
+        raise ArtifactError.from_problems(f"{root}: refusing to write manifest", problems)
+
+    data = manifest_bytes(manifest)
+    _atomic_write(root / MANIFEST_NAME, data)
+    return manifest, "sha256:" + sha256_bytes(data)
+
+
+def read_manifest_bytes(root: Path) -> bytes:
+    """The raw bytes of root/manifest.json, refusing a link or a non-regular file."""
+    path = Path(root) / MANIFEST_NAME
+    try:
+        # O_NOFOLLOW: check and read the same file, with no window to swap in a link.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: missing; not an ingot artifact directory") from None
+    except OSError as e:
+        why = "is a symbolic link" if path.is_symlink() else f"cannot be read ({e.strerror})"
+        raise ArtifactError(f"{path}: {why}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ArtifactError(f"{path}: not a regular file")
+        if info.st_size > _MAX_MANIFEST_BYTES:
+            limit = _MAX_MANIFEST_BYTES
+            raise ArtifactError(f"{path}: {info.st_size} bytes, over the {limit} byte limit")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def read_manifest(root: Path) -> Manifest:
+    """Parse and validate root/manifest.json (its files are not checked: see verify_artifact)."""
+    path = Path(root) / MANIFEST_NAME
+    raw = read_manifest_bytes(root)
+    try:
+        data = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, duplicate keys
+        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path}: expected a JSON object, found {type(data).__name__}")
+
+    found = data.get("format")
+    if found != FORMAT:
+        raise ArtifactError(f"{path}: format is {found!r}, expected {FORMAT!r}")
+    version = data.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        hint = "; written by a newer ingot, upgrade to read it" if _is_newer(version) else ""
+        raise ArtifactError(
+            f"{path}: format_version {version!r} is not supported "
+            f"(supported: {FORMAT_VERSION}){hint}"
+        )
+    return _validate(data, str(path))
+
+
+def _is_newer(version: object) -> bool:
+    return type(version) is int and version > FORMAT_VERSION
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Parsers disagree on which duplicate wins; a signed manifest must mean one thing.
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"duplicate key {key!r}")
+        obj[key] = value
+    return obj
+
+
+def _validate(data: dict[str, Any], source: str) -> Manifest:
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as e:
+        problems = [_describe(err) for err in e.errors()]
+        raise ArtifactError.from_problems(f"{source}: invalid manifest", problems) from None
+
+
+def _describe(err: Any) -> str:
+    loc = ".".join(str(part) for part in err["loc"]) or "manifest"
+    value = err.get("input")
+    # Show the offending value only when it is short; a whole recipe dict would drown the line.
+    if isinstance(value, str | int | float | bool) and len(repr(value)) <= 80:
+        return f"{loc}: {err['msg']} (got {value!r})"
+    return f"{loc}: {err['msg']}"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    # A reader (or a crash) must see the old manifest or the new one, never half of one.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".manifest.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the serving user must be able to read it
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
