@@ -15,10 +15,11 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
 from ingot.artifacts.digest import sha256_bytes, sha256_file
 from ingot.artifacts.errors import ArtifactError
 from ingot.artifacts.paths import MANIFEST_NAME, iter_artifact_files
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
     "FORMAT",
@@ -27,6 +28,7 @@ __all__ = [
     "FileEntry",
     "FileRef",
     "GraphInfo",
+    "TensorSpec",
     "Manifest",
     "ModelInfo",
     "TokenizerInfo",
@@ -104,13 +106,21 @@ class TokenizerInfo(_Strict):
     eos_token: str | None = None
 
 
+class TensorSpec(_Strict):
+    """One tensor of the graph interface: name, element type and shape (symbolic dims as names)."""
+
+    name: str
+    dtype: str = Field(description="element type, e.g. float32, int64, bool")
+    shape: list[int | str] = Field(description="dimensions; strings are symbolic (S, Q, NB)")
+
+
 class GraphInfo(_Strict):
     """The exported graph and the interface the runtime binds to it."""
 
     path: str = Field("model.onnx", description="relative path of the ONNX graph")
     opset: Positive
-    inputs: list[str]
-    outputs: list[str]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
     num_layers: Positive
     kv_block_size: Positive
     kv_dtype: Literal["fp32", "fp16"]
@@ -129,7 +139,12 @@ class EngineInfo(_Strict):
         default_factory=dict,
         description='host requirements, e.g. {"onnxruntime": ">=1.23,<2", "cpu_isa": ["avx2"]}',
     )
-    session_options: dict[str, Any] = Field(default_factory=dict)
+    session_options: dict[str, Any] = Field(
+        default_factory=dict, description="what the runtime sets when it loads the engine"
+    )
+    build: dict[str, Any] = Field(
+        default_factory=dict, description="how the engine was built (informational)"
+    )
 
 
 class Manifest(_Strict):

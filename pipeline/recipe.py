@@ -206,7 +206,13 @@ class OnnxRuntimeTarget(_Strict):
     engine: Literal["onnxruntime"] = Field(description="Inference engine.")
     device: Literal["cpu"] = Field(default="cpu", description="Execution provider's device.")
     optimization_level: Literal["basic", "extended", "all"] = Field(
-        default="all", description="ORT graph optimization level applied at build time."
+        default="extended",
+        description=(
+            "ORT graph optimization level applied at build time. 'extended' fuses attention, "
+            "norms and int4/int8 DequantizeLinear+MatMul into MatMulNBits and stays portable; "
+            "'all' adds layout transforms tied to the build host's CPU ISA, which the manifest "
+            "then requires of every host."
+        ),
     )
     intra_op_num_threads: int = Field(
         default=0, ge=0, description="Threads per operator; 0 lets ONNX Runtime choose."

@@ -40,8 +40,9 @@ _GROUP_SIZES = tuple(
 def linear_module_names(model_config: dict[str, Any]) -> list[str]:
     """IR names of every linear a quantize entry may select, in model order.
 
-    The embedding is a lookup table, not a linear, so it is never selected. `lm_head` is listed even with tied embeddings: it is then the embedding matrix used as a
-    linear, and a recipe may still choose to quantize or ignore it.
+    The embedding is a lookup table, not a linear, so it is never selected. `lm_head` is
+    listed even with tied embeddings: it is then the embedding matrix used as a linear, and a
+    recipe may still choose to quantize or ignore it.
     """
     layers = range(model_config["num_hidden_layers"])
     per_layer = [f"layers.{i}.{linear}" for i in layers for linear in _LAYER_LINEARS]

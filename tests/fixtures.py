@@ -74,3 +74,29 @@ def make_checkpoint(path: Path, arch: str = "llama", seed: int = 0, **overrides)
     model.save_pretrained(path, safe_serialization=True)
     write_tokenizer(path, config.vocab_size)
     return path
+
+
+# Architectures the end-to-end tests build, with what makes each one different.
+ARCHS = {
+    "llama-tied": ("llama", {"tie_word_embeddings": True}),
+    "mistral": ("mistral", {"sliding_window": 24}),
+    "qwen2": ("qwen2", {}),
+}
+
+
+def write_recipe(path: Path, source: Path, **overrides) -> Path:
+    """A recipe for a tiny checkpoint: RTN int4 g32 (lm_head kept float), blocks of 8."""
+    import yaml
+
+    recipe = {
+        "source": {"path": str(source)},
+        "quantize": [
+            {"method": "rtn", "bits": 4, "group_size": 32, "symmetric": True, "ignore": ["lm_head"]}
+        ],
+        "kv_cache": {"dtype": "fp32", "block_size": 8},
+        "export": {"max_seq_len": 128},
+        "artifact": {"name": "tiny"},
+    }
+    recipe.update(overrides)
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path

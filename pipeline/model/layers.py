@@ -45,7 +45,8 @@ class Attention(nn.Module):
         mask: torch.Tensor,
         past: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """x: [B, T, hidden]; mask: [B, 1, T, P+T] bool (True = attend); past k/v: [B, Hkv, P, D]."""
+        """x: [B, T, hidden]; mask: [B, 1, T, P+T] bool (True = attend);
+        past k, v: [B, Hkv, P, D]."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)

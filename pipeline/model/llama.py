@@ -1,4 +1,7 @@
-"""The Llama-family causal LM (Llama, Mistral, Qwen2): reference, calibration vehicle, export source."""
+"""The Llama-family causal LM (Llama, Mistral, Qwen2).
+
+One definition serves as the reference implementation, the calibration vehicle and the
+export source."""
 
 from __future__ import annotations
 
@@ -66,14 +69,16 @@ class LlamaModel(nn.Module):
         return self.lm_head(hidden), hidden, new_cache
 
     @torch.inference_mode()
-    def generate_greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+    def generate_greedy(
+        self, prompt: list[int], max_new_tokens: int, stop_at_eos: bool = True
+    ) -> list[int]:
         """Reference greedy decoding with a contiguous KV cache: the oracle for the runtime."""
         logits, _, cache = self(torch.tensor([prompt]))
         out: list[int] = []
         for _ in range(max_new_tokens):
             token = int(logits[0, -1].argmax())
             out.append(token)
-            if token in self.cfg.eos_token_ids:
+            if stop_at_eos and token in self.cfg.eos_token_ids:
                 break
             logits, _, cache = self(torch.tensor([[token]]), cache=cache)
         return out

@@ -69,7 +69,7 @@ def load_model(path: str | Path, cfg: ModelConfig | None = None) -> LlamaModel:
     state: dict[str, torch.Tensor] = {}
     for file in weight_files(path):
         with safe_open(str(file), framework="pt") as f:
-            for hf_name in f.keys():
+            for hf_name in f.keys():  # noqa: SIM118 - safe_open is not iterable
                 if _IGNORED.search(hf_name):
                     continue
                 name = _ir_name(hf_name)

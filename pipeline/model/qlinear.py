@@ -31,7 +31,9 @@ class QuantizedLinear(nn.Module):
         super().__init__()
         n, k = codes.shape
         if k % group_size or scales.shape != (n, k // group_size):
-            raise ValueError(f"scales {tuple(scales.shape)} do not fit codes {(n, k)} / g{group_size}")
+            raise ValueError(
+                f"scales {tuple(scales.shape)} do not fit codes {(n, k)} / g{group_size}"
+            )
         self.bits, self.group_size = bits, group_size
         self.in_features, self.out_features = k, n
         self.register_buffer("codes", codes)

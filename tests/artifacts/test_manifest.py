@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from ingot.artifacts import (
     FORMAT,
     FORMAT_VERSION,
@@ -51,8 +52,8 @@ def fields() -> dict[str, Any]:
         },
         "graph": {
             "opset": 23,
-            "inputs": ["input_ids"],
-            "outputs": ["logits"],
+            "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["S", "Q"]}],
+            "outputs": [{"name": "logits", "dtype": "float32", "shape": ["S", "Q", 8]}],
             "num_layers": 1,
             "kv_block_size": 4,
             "kv_dtype": "fp32",

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from ingot.artifacts import ArtifactError, iter_artifact_files, safe_relative_path
 
 

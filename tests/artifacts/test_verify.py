@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from ingot.artifacts import (
     ArtifactError,
     manifest_digest,
@@ -59,8 +60,11 @@ def manifest_fields(lock_sha256: str) -> dict[str, Any]:
         "graph": {
             "path": "model.onnx",
             "opset": 23,
-            "inputs": ["input_ids", "positions"],
-            "outputs": ["logits", "hidden"],
+            "inputs": [
+                {"name": "input_ids", "dtype": "int64", "shape": ["S", "Q"]},
+                {"name": "positions", "dtype": "int64", "shape": ["S", "Q"]},
+            ],
+            "outputs": [{"name": "logits", "dtype": "float32", "shape": ["S", "Q", 8]}],
             "num_layers": 2,
             "kv_block_size": 16,
             "kv_dtype": "fp16",

@@ -2,11 +2,12 @@
 
 import pytest
 import torch
-from fixtures import make_checkpoint
 from transformers import AutoModelForCausalLM
 
 from ingot.pipeline.model.config import ConfigError, ModelConfig
 from ingot.pipeline.model.load import CheckpointError, load_model
+
+from fixtures import make_checkpoint
 
 VARIANTS = {
     "llama": ("llama", {}),

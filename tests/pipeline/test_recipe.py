@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from ingot.pipeline.recipe import (
     STAGES,
     HubSource,
@@ -432,7 +433,7 @@ def test_minimal_recipe_gets_defaults(tmp_path: Path) -> None:
     assert (recipe.export.opset, recipe.export.max_seq_len) == (23, 2048)
     assert recipe.export.fused_attention is True
     assert recipe.targets == [OnnxRuntimeTarget(engine="onnxruntime")]
-    assert recipe.targets[0].optimization_level == "all"
+    assert recipe.targets[0].optimization_level == "extended"
     assert (recipe.artifact.name, recipe.artifact.version) == ("tiny", "0.1.0")
 
 

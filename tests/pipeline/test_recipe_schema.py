@@ -8,11 +8,7 @@ from pathlib import Path
 from ingot.pipeline.recipe import recipe_json_schema
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "recipes" / "recipe.schema.json"
-REGENERATE = (
-    "python -c 'import json; from ingot.pipeline.recipe import recipe_json_schema; "
-    "print(json.dumps(recipe_json_schema(), indent=2, sort_keys=True))' "
-    "> recipes/recipe.schema.json"
-)
+REGENERATE = "ingot schema > recipes/recipe.schema.json"
 
 
 def test_schema_file_is_in_sync_with_models() -> None:

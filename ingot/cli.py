@@ -1,0 +1,170 @@
+"""The ``ingot`` command line. Heavy imports stay inside commands: a pod runs ``generate`` /
+``verify`` with the runtime install only (no torch)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+__all__ = ["main"]
+
+
+def _fail(message: str) -> None:
+    click.secho(f"error: {message}", fg="red", err=True)
+    sys.exit(1)
+
+
+@click.group()
+@click.version_option(package_name="ingot")
+def main() -> None:
+    """ingot: compile an LLM recipe into a verified artifact, and run it."""
+
+
+@main.command()
+@click.option("--recipe", "recipe_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), help="Artifact directory (out/<name>).")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Stage cache (~/.cache/ingot).")
+@click.option("--json", "as_json", is_flag=True, help="Print path, digest and stages as JSON.")
+def build(recipe_path: str, out: str | None, cache_dir: str | None, as_json: bool) -> None:
+    """Build the artifact a recipe describes."""
+    from ingot.pipeline.build import build as run_build
+    from ingot.pipeline.cache import StageCache
+
+    from .progress import StageProgress
+
+    with StageProgress(enabled=not as_json) as progress:
+        try:
+            result = run_build(
+                recipe_path,
+                out,
+                cache=StageCache(Path(cache_dir)) if cache_dir else None,
+                on_stage=progress.update,
+            )
+        except Exception as e:  # noqa: BLE001 - every failure is reported, nothing is lost
+            if not _is_user_error(e):
+                raise
+            progress.stop()
+            _fail(str(e))
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    click.echo(f"artifact  {result.artifact}")
+    click.echo(f"digest    {result.digest}")
+    for run in result.stages:
+        state = "cached" if run.cached else "built"
+        click.echo(f"  {run.stage:<24} {state:<7} {run.seconds:7.2f}s")
+
+
+def _is_user_error(e: Exception) -> bool:
+    # Bad input (recipe, source, checkpoint, export refusal) gets one clear line, not a trace.
+    return isinstance(e, (ValueError, FileNotFoundError)) or type(e).__name__ in {
+        "RecipeError",
+        "ArtifactError",
+    }
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def inspect(artifact: str, as_json: bool) -> None:
+    """Show an artifact's manifest: model, quantization, engines, files."""
+    from ingot.artifacts import ArtifactError, read_manifest
+
+    try:
+        manifest = read_manifest(Path(artifact))
+    except ArtifactError as e:
+        _fail(str(e))
+    if as_json:
+        click.echo(json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True))
+        return
+    m = manifest.model
+    click.echo(f"{manifest.name} {manifest.version}")
+    click.echo(
+        f"  model      {m.architecture}: {m.num_layers} layers, hidden {m.hidden_size}, "
+        f"heads {m.num_heads}/{m.num_kv_heads}, vocab {m.vocab_size}, max_seq_len {m.max_seq_len}"
+    )
+    for q in m.quantization:
+        kind = "sym" if q.get("symmetric") else "asym"
+        click.echo(
+            f"  quantize   {q['method']} int{q['bits']} g{q['group_size']} {kind}: "
+            f"{q['modules']} modules"
+        )
+    g = manifest.graph
+    kv = f"kv {g.kv_dtype} blocks of {g.kv_block_size}"
+    click.echo(f"  graph      {g.path} (opset {g.opset}), {kv}")
+    for e in manifest.engines:
+        click.echo(f"  engine     {e.name}: {e.path} requires {e.requires}")
+    total = sum(f.size for f in manifest.files)
+    click.echo(f"  files      {len(manifest.files)}, {total / 2**20:.1f} MiB")
+    for f in manifest.files:
+        click.echo(f"    {f.size:>12,}  {f.sha256[:12]}  {f.path}")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+def verify(artifact: str) -> None:
+    """Check every file of an artifact against its manifest (exit 1 on any mismatch)."""
+    from ingot.artifacts import ArtifactError, manifest_digest, verify_artifact
+
+    try:
+        manifest = verify_artifact(Path(artifact))
+    except ArtifactError as e:
+        _fail(str(e))
+    click.echo(f"ok  {manifest.name} {manifest.version}  {manifest_digest(Path(artifact))}")
+
+
+@main.command()
+def schema() -> None:
+    """Print the recipe JSON Schema."""
+    from ingot.pipeline.recipe import recipe_json_schema
+
+    click.echo(json.dumps(recipe_json_schema(), indent=2, sort_keys=True))
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+@click.option("--prompt", required=True)
+@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0))
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--seed", default=None, type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the token ids and text as JSON.")
+def generate(
+    artifact: str,
+    prompt: str,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int | None,
+    as_json: bool,
+) -> None:
+    """Generate text from an artifact (greedy at temperature 0)."""
+    from ingot.artifacts import ArtifactError
+    from ingot.runtime import LoadedModel, SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    try:
+        model = LoadedModel.load(artifact)
+    except ArtifactError as e:
+        _fail(f"refusing to load {artifact}: {e}")
+    generator = model.generator()
+    if as_json:
+        [completion] = generator.generate([prompt], params)
+        click.echo(
+            json.dumps(
+                {
+                    "prompt_token_ids": completion.prompt_token_ids,
+                    "token_ids": completion.token_ids,
+                    "text": completion.text,
+                    "finish_reason": completion.finish_reason,
+                }
+            )
+        )
+        return
+    click.echo(prompt, nl=False)
+    for delta in generator.stream(prompt, params):
+        click.echo(delta, nl=False)
+    click.echo()

@@ -1,0 +1,189 @@
+"""The build: run the recipe's stages through the cache and package one artifact."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from .cache import StageCache, directory_digest, stage_key
+from .model.config import ModelConfig
+from .recipe import Recipe, load_recipe
+from .recipe_checks import check_recipe_against_model
+from .source import ResolvedSource, resolve_source
+from .stages.engine import engine_name, run_engine
+from .stages.export import run_export
+from .stages.package import run_package
+from .stages.quantize import run_quantize
+
+__all__ = ["build", "BuildResult", "StageRun"]
+
+_TOOLS = ("ingot", "torch", "transformers", "safetensors", "onnx", "onnxruntime", "numpy")
+
+
+@dataclass(slots=True)
+class StageRun:
+    stage: str
+    key: str
+    cached: bool
+    seconds: float
+    digest: str
+
+
+@dataclass(slots=True)
+class BuildResult:
+    artifact: Path
+    digest: str  # sha256 of manifest.json: the artifact's identity
+    stages: list[StageRun] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "artifact": str(self.artifact),
+            "digest": self.digest,
+            "stages": [asdict(s) for s in self.stages],
+        }
+
+
+def tool_versions() -> dict[str, str]:
+    return {name: version(name) for name in _TOOLS}
+
+
+def build(
+    recipe_path: str | Path,
+    out: str | Path | None = None,
+    *,
+    cache: StageCache | None = None,
+    on_stage: Callable[[str, str], None] | None = None,
+) -> BuildResult:
+    """Build the artifact a recipe describes. Everything is validated before any stage runs.
+
+    ``on_stage(stage, event)`` reports progress: event is "start", "cached" or "done".
+    """
+    recipe_path = Path(recipe_path)
+    recipe = load_recipe(recipe_path)
+    source = resolve_source(recipe.stage_slice("source")["source"])
+    check_recipe_against_model(recipe, source.hf_config)
+    model_cfg = ModelConfig.from_hf(source.hf_config)
+    cache = cache or StageCache()
+    versions = tool_versions()
+    runs: list[StageRun] = []
+    report = on_stage or (lambda stage, event: None)
+
+    def stage(name: str, slice_: Any, inputs: dict[str, str], produce) -> tuple[Path, str]:
+        key = stage_key(name.split(":")[0], slice_, inputs, versions)
+        report(name, "start")
+        started = time.perf_counter()
+        hit = cache.get(name.split(":")[0], key)
+        path = hit or cache.put(name.split(":")[0], key, produce)
+        digest, _ = directory_digest(path)
+        runs.append(StageRun(name, key, hit is not None, time.perf_counter() - started, digest))
+        report(name, "cached" if hit else "done")
+        return path, digest
+
+    source_digest = _source_digest(source)
+    q_dir, q_digest = stage(
+        "quantize",
+        recipe.stage_slice("quantize"),
+        {"source": source_digest},
+        lambda tmp: run_quantize(source.path, recipe.stage_slice("quantize")["quantize"], tmp),
+    )
+    export_slice = recipe.stage_slice("export")
+    x_dir, x_digest = stage(
+        "export",
+        export_slice,
+        {"quantize": q_digest},
+        lambda tmp: run_export(q_dir, export_slice["export"], export_slice["kv_cache"], tmp),
+    )
+    engine_dirs: dict[str, Path] = {}
+    records = []
+    for target in recipe.stage_slice("engine")["targets"]:
+        name = engine_name(target)
+        e_dir, _ = stage(
+            f"engine:{name}",
+            target,
+            {"export": x_digest},
+            lambda tmp, target=target: run_engine(x_dir, target, tmp),
+        )
+        engine_dirs[name] = e_dir
+        record = json.loads((e_dir / "engine.json").read_text())
+        records.append(record)
+
+    out_dir = Path(out) if out else Path("out") / recipe.artifact.name
+    lock = _lock(recipe_path, source, runs, versions)
+    report("package", "start")
+    started = time.perf_counter()
+    _, digest = run_package(
+        out_dir,
+        source=source.path,
+        export_dir=x_dir,
+        engine_dirs=engine_dirs,
+        lock=lock,
+        manifest_fields=_manifest_fields(recipe, recipe_path, model_cfg, q_dir, x_dir, records),
+    )
+    runs.append(StageRun("package", "", False, time.perf_counter() - started, digest))
+    report("package", "done")
+    return BuildResult(out_dir, digest, runs)
+
+
+def _source_digest(source: ResolvedSource) -> str:
+    blob = json.dumps(source.files, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def _recipe_as_written(recipe: Recipe, recipe_path: Path) -> dict[str, Any]:
+    """The recipe for the manifest, with the source path relative to the recipe file, so the
+    artifact does not depend on where the checkout lives."""
+    data = recipe.model_dump(mode="json")
+    if "path" in data["source"]:
+        src = Path(data["source"]["path"])
+        if src.is_relative_to(recipe_path.resolve().parent):
+            data["source"]["path"] = src.relative_to(recipe_path.resolve().parent).as_posix()
+    return data
+
+
+def _lock(recipe_path: Path, source: ResolvedSource, runs: list[StageRun], versions) -> dict:
+    return {
+        "lock_version": 1,
+        "recipe_sha256": hashlib.sha256(recipe_path.read_bytes()).hexdigest(),
+        "source": {"revision": source.revision, "files": source.files},
+        "seeds": {"export_check": 0},
+        "stages": {r.stage: {"key": r.key, "output": r.digest} for r in runs},
+        "tools": versions,
+    }
+
+
+def _manifest_fields(recipe, recipe_path, cfg: ModelConfig, q_dir, x_dir, records) -> dict:
+    graph = json.loads((x_dir / "graph.json").read_text())
+    check = json.loads((x_dir / "check.json").read_text())
+    quantization = json.loads((q_dir / "quantize.json").read_text())
+    return {
+        "format": "ingot.artifact",
+        "format_version": 1,
+        "name": recipe.artifact.name,
+        "version": recipe.artifact.version,
+        "recipe": _recipe_as_written(recipe, recipe_path),
+        "model": {
+            "architecture": cfg.architecture,
+            "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.hidden_size,
+            "num_layers": cfg.num_layers,
+            "num_heads": cfg.num_heads,
+            "num_kv_heads": cfg.num_kv_heads,
+            "head_dim": cfg.head_dim,
+            "max_seq_len": recipe.export.max_seq_len,
+            "sliding_window": cfg.sliding_window,
+            "bos_token_id": cfg.bos_token_id,
+            "eos_token_ids": list(cfg.eos_token_ids),
+            "tie_word_embeddings": cfg.tie_word_embeddings,
+            "quantization": quantization,
+        },
+        "tokenizer": {"path": "tokenizer.json", "bos_token": None, "eos_token": None},
+        "graph": graph,
+        "engines": [{**r, "path": f"engines/{r['name']}/{Path(r['path']).name}"} for r in records],
+        "eval": {"export_check": check},
+    }

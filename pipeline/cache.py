@@ -1,0 +1,77 @@
+"""Content-addressed stage cache: a stage's output directory, keyed by everything it depends on.
+
+    <root>/stages/<stage>/<key>/          finished outputs (never modified after the rename)
+    <root>/stages/<stage>/.tmp-<key>-<pid>  work in progress; renamed into place on success
+
+A failed or interrupted stage leaves only a temp directory behind, never a half-written entry,
+so the cache and earlier artifacts stay intact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ingot.artifacts.digest import sha256_file
+
+__all__ = ["StageCache", "stage_key", "default_cache_dir", "directory_digest"]
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("INGOT_CACHE_DIR", Path.home() / ".cache" / "ingot"))
+
+
+def stage_key(stage: str, recipe_slice: Any, input_digests: dict[str, str], versions: dict) -> str:
+    """sha256 over (stage name, its recipe slice, its inputs' digests, the tools it uses)."""
+    payload = json.dumps(
+        {"stage": stage, "recipe": recipe_slice, "inputs": input_digests, "versions": versions},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def directory_digest(root: Path) -> tuple[str, dict[str, str]]:
+    """(digest of the whole tree, {relative path: sha256}) over regular files, sorted by path."""
+    files = {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
+    blob = json.dumps(files, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest(), files
+
+
+class StageCache:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = Path(root) if root else default_cache_dir()
+
+    def path(self, stage: str, key: str) -> Path:
+        return self.root / "stages" / stage / key
+
+    def get(self, stage: str, key: str) -> Path | None:
+        entry = self.path(stage, key)
+        return entry if (entry / ".complete").exists() else None
+
+    def put(self, stage: str, key: str, produce: Callable[[Path], None]) -> Path:
+        """Run ``produce(tmp_dir)`` and move its output into the cache atomically."""
+        final = self.path(stage, key)
+        tmp = final.parent / f".tmp-{key}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            produce(tmp)
+            (tmp / ".complete").write_text("")
+            if final.exists():  # a concurrent build won the race with the same outputs
+                shutil.rmtree(tmp)
+            else:
+                os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final

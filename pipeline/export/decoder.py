@@ -1,0 +1,228 @@
+"""The IR decoder as one opset-23 ONNX graph reading its past K/V from a paged pool.
+
+Graph interface (the contract with the runtime; see DESIGN.md "Export"):
+
+    inputs   input_ids [S, Q] int64, positions [S, Q] int64,
+             k_pool_{l}, v_pool_{l} [NB, B, Hkv, D] (kv dtype), block_tables [S, MB] int64,
+             context_lens [S] int64, attention_mask [S, 1, Q, MB*B + Q] bool (True = attend)
+    outputs  logits [S, Q, V] f32, hidden [S, Q, hidden] f32 (final-norm output),
+             new_k_{l}, new_v_{l} [S, Q, Hkv, D] (kv dtype; K already rotated)
+
+The graph never writes the pool: the runtime scatters new_k/new_v by slot, so rejected draft
+tokens are simply never written. The mask carries causality, context lengths, padding and any
+sliding window, so the graph needs no notion of them and ``Attention`` never uses ``is_causal``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from onnx import TensorProto, helper
+
+from ..model.llama import LlamaModel
+from ..model.rope import inv_frequencies
+from .errors import ExportError
+from .graph import GraphBuilder
+from .weights import emit_linear
+
+__all__ = ["export_onnx", "OPSET", "MODEL_FILE", "DATA_FILE"]
+
+OPSET = 23
+IR_VERSION = 11  # the IR version that introduced opset 23; ORT 1.23+ reads it
+MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
+_KV_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
+_DTYPE_NAMES = {
+    TensorProto.FLOAT: "float32",
+    TensorProto.FLOAT16: "float16",
+    TensorProto.INT64: "int64",
+    TensorProto.BOOL: "bool",
+}
+
+
+def export_onnx(
+    model: LlamaModel,
+    out_dir: Path,
+    *,
+    max_seq_len: int,
+    kv_dtype: Literal["fp32", "fp16"] = "fp32",
+    kv_block_size: int = 16,
+) -> dict[str, Any]:
+    """Write ``out_dir/model.onnx`` + ``model.onnx.data`` and return the graph interface."""
+    _validate(model, max_seq_len, kv_dtype, kv_block_size)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / DATA_FILE, "wb") as data, torch.no_grad():
+        g = GraphBuilder(data, DATA_FILE)
+        _build(g, model, max_seq_len, _KV_TYPES[kv_dtype], kv_block_size)
+    graph = helper.make_graph(g.nodes, "ingot_decoder", g.inputs, g.outputs, g.initializers)
+    proto = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        ir_version=IR_VERSION,
+        producer_name="ingot",
+    )
+    (out_dir / MODEL_FILE).write_bytes(proto.SerializeToString())
+    cfg = model.cfg
+    return {
+        "path": MODEL_FILE,
+        "opset": OPSET,
+        "inputs": [_describe(v) for v in g.inputs],
+        "outputs": [_describe(v) for v in g.outputs],
+        "num_layers": cfg.num_layers,
+        "kv_block_size": kv_block_size,
+        "kv_dtype": kv_dtype,
+        "num_kv_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+    }
+
+
+def _validate(model: LlamaModel, max_seq_len: int, kv_dtype: str, kv_block_size: int) -> None:
+    cfg = model.cfg
+    if cfg.rope.type == "dynamic":
+        raise ExportError(
+            "export: dynamic NTK RoPE cannot be exported: its frequencies change with the "
+            "longest position of each call, so keys already rotated into the paged KV cache "
+            "would no longer match the queries. Use default, linear or llama3 RoPE scaling."
+        )
+    if not 0 < max_seq_len <= cfg.max_position_embeddings:
+        raise ExportError(
+            f"export.max_seq_len: {max_seq_len} must be in [1, {cfg.max_position_embeddings}] "
+            "(the model's max_position_embeddings)"
+        )
+    if kv_dtype not in _KV_TYPES:
+        raise ExportError(f"kv_cache.dtype: {kv_dtype!r} (allowed: {', '.join(_KV_TYPES)})")
+    if cfg.head_dim % 2:
+        raise ExportError(f"head_dim {cfg.head_dim} is odd: RoPE rotates pairs of channels")
+    if kv_block_size < 1:
+        raise ExportError(f"kv_cache.block_size: {kv_block_size} must be positive")
+
+
+def _build(g: GraphBuilder, model: LlamaModel, max_seq_len: int, kv_type: int, bs: int) -> None:
+    cfg = model.cfg
+    hq, hkv, d, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    ids = g.input("input_ids", TensorProto.INT64, ["S", "Q"])
+    positions = g.input("positions", TensorProto.INT64, ["S", "Q"])
+    pools = [
+        (
+            g.input(f"k_pool_{i}", kv_type, ["NB", bs, hkv, d]),
+            g.input(f"v_pool_{i}", kv_type, ["NB", bs, hkv, d]),
+        )
+        for i in range(cfg.num_layers)
+    ]
+    tables = g.input("block_tables", TensorProto.INT64, ["S", "MB"])
+    g.input("context_lens", TensorProto.INT64, ["S"])  # the mask encodes it; kept for the runtime
+    mask = g.input("attention_mask", TensorProto.BOOL, ["S", 1, "Q", "KV"])
+
+    # Shared constants. RoPE tables are computed exactly as the IR computes cos/sin.
+    angles = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_frequencies(cfg)
+    consts = _Shared(
+        cos=g.array("rope.cos_cache", angles.cos().numpy()),  # [max_seq_len, D/2]
+        sin=g.array("rope.sin_cache", angles.sin().numpy()),
+        q_heads=g.ints("shape.q_heads", [0, 0, hq, d]),
+        kv_heads=g.ints("shape.kv_heads", [0, 0, hkv, d]),
+        past=g.ints("shape.past", [0, -1, hkv, d]),
+        merged=g.ints("shape.merged", [0, 0, hq * d]),
+    )
+
+    embed = g.array("embed_tokens.weight", model.embed_tokens.weight.detach().float().numpy())
+    x = g.op("Gather", [embed, ids], "embed_tokens/Gather", axis=0)  # [S, Q, hidden]
+    for i, layer in enumerate(model.layers):
+        x = _layer(g, layer, i, x, positions, pools[i], tables, mask, consts, kv_type)
+
+    hidden = _rms_norm(g, x, model.norm, "norm", out="hidden")  # [S, Q, hidden]
+    if getattr(model.lm_head, "weight", None) is model.embed_tokens.weight:
+        # Tied: reuse the embedding [V, hidden] through Gemm(transB) instead of storing W^T.
+        flat = g.op("Reshape", [hidden, g.ints("shape.rows", [-1, h])], "lm_head/Reshape")
+        logits2d = g.op("Gemm", [flat, embed], "lm_head/Gemm", transB=1)  # [S*Q, V]
+        sq = g.op("Shape", [ids], "lm_head/Shape")  # [2] = (S, Q)
+        out_shape = g.op(
+            "Concat", [sq, g.ints("shape.vocab", [cfg.vocab_size])], "lm_head/Concat", axis=0
+        )
+        g.op("Reshape", [logits2d, out_shape], "lm_head/Reshape", out="logits")
+    else:
+        emit_linear(g, hidden, model.lm_head, "lm_head", out="logits")
+
+    g.output("logits", TensorProto.FLOAT, ["S", "Q", cfg.vocab_size])
+    g.output("hidden", TensorProto.FLOAT, ["S", "Q", h])
+    for i in range(cfg.num_layers):
+        g.output(f"new_k_{i}", kv_type, ["S", "Q", hkv, d])
+        g.output(f"new_v_{i}", kv_type, ["S", "Q", hkv, d])
+
+
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    """Names of the tensors every layer reuses."""
+
+    cos: str  # [max_seq_len, D/2]
+    sin: str
+    q_heads: str  # reshape targets
+    kv_heads: str
+    past: str
+    merged: str
+
+
+def _layer(g, layer, i, x, positions, pool, tables, mask, c: _Shared, kv_type) -> str:
+    """One decoder layer; x: [S, Q, hidden] -> [S, Q, hidden]."""
+    attn, name = layer.attn, f"layers.{i}"
+    hq, hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    a = f"{name}.attn"
+    h = _rms_norm(g, x, layer.attn_norm, f"{name}.attn_norm")  # [S, Q, hidden]
+    q = emit_linear(g, h, attn.q_proj, f"{a}.q_proj")  # [S, Q, Hq*D]
+    k = emit_linear(g, h, attn.k_proj, f"{a}.k_proj")  # [S, Q, Hkv*D]
+    v = emit_linear(g, h, attn.v_proj, f"{a}.v_proj")  # [S, Q, Hkv*D]
+    # 3D RotaryEmbedding (num_heads attr) rotates [S, Q, H*D] in place of a reshape round trip.
+    q = g.op("RotaryEmbedding", [q, c.cos, c.sin, positions], f"{a}/rope_q", num_heads=hq)
+    k = g.op("RotaryEmbedding", [k, c.cos, c.sin, positions], f"{a}/rope_k", num_heads=hkv)
+    q = g.op("Reshape", [q, c.q_heads], f"{a}/q_heads")  # [S, Q, Hq, D]
+    q = g.op("Transpose", [q], f"{a}/q_bhsd", perm=[0, 2, 1, 3])  # [S, Hq, Q, D]
+
+    keys_values = []
+    for kind, new, pool_in in (("k", k, pool[0]), ("v", v, pool[1])):
+        out = f"new_{kind}_{i}"
+        if kv_type == TensorProto.FLOAT:
+            new = g.op("Reshape", [new, c.kv_heads], f"{a}/new_{kind}", out=out)
+        else:
+            # Round the new K/V to the pool dtype before attending, so a token sees exactly
+            # what later tokens will read back from the pool: results don't depend on chunking.
+            new = g.op("Reshape", [new, c.kv_heads], f"{a}/new_{kind}")  # [S, Q, Hkv, D]
+            new = g.op("Cast", [new], f"{a}/new_{kind}_cast", out=out, to=kv_type)
+        past = g.op("Gather", [pool_in, tables], f"{a}/{kind}_gather", axis=0)  # [S, MB, B, Hkv, D]
+        past = g.op("Reshape", [past, c.past], f"{a}/{kind}_past")  # [S, MB*B, Hkv, D]
+        full = g.op("Concat", [past, new], f"{a}/{kind}_concat", axis=1)  # [S, MB*B+Q, Hkv, D]
+        if kv_type != TensorProto.FLOAT:
+            full = g.op("Cast", [full], f"{a}/{kind}_f32", to=TensorProto.FLOAT)
+        keys_values.append(g.op("Transpose", [full], f"{a}/{kind}_bhsd", perm=[0, 2, 1, 3]))
+
+    ctx = g.op(
+        "Attention", [q, *keys_values, mask], f"{a}/Attention", scale=1.0 / math.sqrt(d)
+    )  # [S, Hq, Q, D]
+    ctx = g.op("Transpose", [ctx], f"{a}/ctx_bshd", perm=[0, 2, 1, 3])  # [S, Q, Hq, D]
+    ctx = g.op("Reshape", [ctx, c.merged], f"{a}/ctx_merge")  # [S, Q, Hq*D]
+    x = g.op("Add", [x, emit_linear(g, ctx, attn.o_proj, f"{a}.o_proj")], f"{name}/attn_residual")
+
+    mlp, m = layer.mlp, f"{name}.mlp"
+    h = _rms_norm(g, x, layer.mlp_norm, f"{name}.mlp_norm")
+    gate = emit_linear(g, h, mlp.gate_proj, f"{m}.gate_proj")  # [S, Q, ffn]
+    up = emit_linear(g, h, mlp.up_proj, f"{m}.up_proj")
+    silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{m}/Sigmoid")], f"{m}/silu")
+    act = g.op("Mul", [silu, up], f"{m}/gated")
+    return g.op(
+        "Add", [x, emit_linear(g, act, mlp.down_proj, f"{m}.down_proj")], f"{name}/mlp_residual"
+    )
+
+
+def _rms_norm(g: GraphBuilder, x: str, norm: torch.nn.Module, name: str, out: str | None = None):
+    scale = g.array(f"{name}.weight", norm.weight.detach().float().numpy())
+    return g.op(
+        "RMSNormalization", [x, scale], f"{name}/RMSNorm", out=out, axis=-1, epsilon=norm.eps
+    )
+
+
+def _describe(value_info: Any) -> dict[str, Any]:
+    t = value_info.type.tensor_type
+    dims = [dim.dim_param or dim.dim_value for dim in t.shape.dim]
+    return {"name": value_info.name, "dtype": _DTYPE_NAMES[t.elem_type], "shape": dims}

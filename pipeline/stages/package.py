@@ -1,0 +1,80 @@
+"""Stage: assemble the artifact directory and its manifest, replacing the old one atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ingot.artifacts import write_manifest
+from ingot.artifacts.digest import sha256_bytes
+
+__all__ = ["run_package", "chat_template_of"]
+
+
+def chat_template_of(source: Path) -> str | None:
+    """The checkpoint's chat template: chat_template.jinja, else tokenizer_config.json's."""
+    if (source / "chat_template.jinja").is_file():
+        return (source / "chat_template.jinja").read_text()
+    cfg_file = source / "tokenizer_config.json"
+    template = json.loads(cfg_file.read_text()).get("chat_template") if cfg_file.is_file() else None
+    if isinstance(template, list):  # named templates: the default one is what chat uses
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    return template
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    for f in sorted(src.rglob("*")):
+        if f.is_file() and not f.name.startswith(".") and not f.name.endswith(".json"):
+            target = dst / f.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, target)
+
+
+def run_package(
+    out: Path,
+    *,
+    source: Path,
+    export_dir: Path,
+    engine_dirs: dict[str, Path],
+    lock: dict[str, Any],
+    manifest_fields: dict[str, Any],
+) -> tuple[Any, str]:
+    """Write the artifact to a sibling temp dir, then swap it in: a failure keeps the old one."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _copy_tree(export_dir, tmp)  # model.onnx + model.onnx.data
+        for name, engine_dir in engine_dirs.items():
+            _copy_tree(engine_dir, tmp / "engines" / name)
+        shutil.copyfile(source / "tokenizer.json", tmp / "tokenizer.json")
+        shutil.copyfile(source / "config.json", tmp / "config.json")
+        template = chat_template_of(source)
+        if template is not None:
+            (tmp / "chat_template.jinja").write_text(template)
+        fields = dict(manifest_fields)
+        fields["tokenizer"] = {
+            **fields["tokenizer"],
+            "chat_template": "chat_template.jinja" if template is not None else None,
+        }
+        lock_bytes = (json.dumps(lock, indent=2, sort_keys=True) + "\n").encode()
+        (tmp / "ingot.lock").write_bytes(lock_bytes)
+        fields["lock"] = {"path": "ingot.lock", "sha256": sha256_bytes(lock_bytes)}
+        manifest, digest = write_manifest(tmp, fields)
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest, digest
+
+
+def _swap_into_place(new: Path, out: Path) -> None:
+    old = out.parent / f".old-{out.name}-{os.getpid()}"
+    if out.exists():
+        os.replace(out, old)
+    os.replace(new, out)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,113 @@
+"""Pack the sequences of one engine call into the graph's padded inputs, and unpack its K/V.
+
+Key slot j < MB*B of the attention mask is past slot j of the sequence's block table, which
+holds the token at position j; slot MB*B + i is the call's i-th new token. Everything that is
+padding (short sequences, unused block-table entries, slots past the context) is masked out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ingot.runtime.kv_pool import BlockTable, KVPool, slots_of
+
+__all__ = ["Batch", "build_inputs"]
+
+
+@dataclass(slots=True)
+class Batch:
+    """The graph inputs of one call and where each sequence's new tokens go in the pool."""
+
+    input_ids: np.ndarray  # [S, Q] int64, 0 where padded
+    positions: np.ndarray  # [S, Q] int64
+    block_tables: np.ndarray  # [S, MB] int64, 0 where padded (masked)
+    context_lens: np.ndarray  # [S] int64: tokens already in the pool
+    attention_mask: np.ndarray  # [S, 1, Q, MB*B + Q] bool, True = attend
+    slots: list[np.ndarray]  # per sequence [n_s] int64 pool slots of its new tokens
+
+    @property
+    def num_new(self) -> list[int]:
+        return [len(s) for s in self.slots]
+
+    def last_logits(self, logits: np.ndarray) -> np.ndarray:
+        """logits [S, Q, V] -> [S, V] at each sequence's last real token."""
+        last = np.asarray(self.num_new, dtype=np.int64) - 1
+        return logits[np.arange(len(last)), last]
+
+    def write_kv(self, pool: KVPool, new_kv: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Scatter the real rows of each layer's new_k, new_v [S, Q, Hkv, D] into the pool.
+
+        Padded rows are never written: their slots would belong to someone else.
+        """
+        seq = np.concatenate([np.full(n, s, dtype=np.int64) for s, n in enumerate(self.num_new)])
+        row = np.concatenate([np.arange(n, dtype=np.int64) for n in self.num_new])
+        slots = np.concatenate(self.slots)  # [N]
+        for layer, (k, v) in enumerate(new_kv):
+            pool.write(slots, layer, k[seq, row], v[seq, row])  # [N, Hkv, D]
+
+
+def build_inputs(
+    seqs: Sequence[tuple[BlockTable, Sequence[int], int]], sliding_window: int | None = None
+) -> Batch:
+    """Inputs for sequences given as (block table, new token ids, start position).
+
+    The block table must already hold blocks for positions start .. start+n-1 (see
+    `BlockTable.slots_for`); tokens before `start` are read from the pool.
+    """
+    if not seqs:
+        raise ValueError("build_inputs needs at least one sequence")
+    block_size = seqs[0][0].block_size
+    num_seqs = len(seqs)
+    q_len = max(len(ids) for _, ids, _ in seqs)
+    max_blocks = max(1, max(len(table.block_ids) for table, _, _ in seqs))
+    past_len = max_blocks * block_size
+
+    input_ids = np.zeros((num_seqs, q_len), dtype=np.int64)
+    positions = np.zeros((num_seqs, q_len), dtype=np.int64)
+    block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int64)
+    context_lens = np.zeros(num_seqs, dtype=np.int64)
+    num_new = np.zeros(num_seqs, dtype=np.int64)
+    slots = []
+    for s, (table, ids, start) in enumerate(seqs):
+        n = len(ids)
+        if n == 0:
+            raise ValueError(f"sequence {s}: no new tokens")
+        if table.block_size != block_size:
+            raise ValueError(f"sequence {s}: block size {table.block_size} != {block_size}")
+        if start + n > len(table.block_ids) * block_size:
+            raise ValueError(
+                f"sequence {s}: positions {start}..{start + n - 1} are beyond its "
+                f"{len(table.block_ids)} blocks; allocate with BlockTable.slots_for first"
+            )
+        input_ids[s, :n] = ids
+        positions[s, :n] = np.arange(start, start + n)
+        block_tables[s, : len(table.block_ids)] = table.block_ids
+        context_lens[s] = start
+        num_new[s] = n
+        slots.append(slots_of(table.block_ids, block_size, positions[s, :n]))
+
+    query = np.arange(q_len)  # [Q]
+    real_query = query[None, :] < num_new[:, None]  # [S, Q]
+
+    # Past keys: slot j holds position j; visible if already in the pool.
+    key_pos = np.arange(past_len)  # [K]
+    past = key_pos[None, None, :] < context_lens[:, None, None]  # [S, 1, K]
+    past = past & real_query[:, :, None]  # [S, Q, K]
+    # New keys: causal among the real new tokens.
+    new = (query[None, :] <= query[:, None])[None] & real_query[:, None, :]  # [S, Q, Q]
+    new = new & real_query[:, :, None]
+
+    if sliding_window is not None:
+        # Key at position p is visible to the query at position q iff q - p < window.
+        past &= positions[:, :, None] - key_pos[None, None, :] < sliding_window
+        new &= (query[:, None] - query[None, :] < sliding_window)[None]
+
+    # A padded query row attends to its own slot only, so its softmax stays finite.
+    pad_s, pad_q = np.nonzero(~real_query)
+    new[pad_s, pad_q, pad_q] = True
+
+    mask = np.concatenate([past, new], axis=-1)[:, None]  # [S, 1, Q, K + Q]
+    return Batch(input_ids, positions, block_tables, context_lens, mask, slots)

@@ -1,0 +1,226 @@
+"""The paged KV cache: per-layer block pools, a reference-counted allocator, per-sequence tables.
+
+The graph reads past keys and values through block tables and never writes the pool; the
+runtime scatters each call's new K/V into the slots of the sequence's blocks (slot =
+block_id * block_size + offset). Allocation lives in a `BlockTable` per sequence so prefix
+caching (sharing full blocks by reference count) and preemption (release, recompute later)
+can be added without touching the pool itself.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["BlockAllocator", "BlockTable", "KVPool", "OutOfBlocks", "kv_numpy_dtype", "slots_of"]
+
+_KV_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+
+
+def kv_numpy_dtype(kv_dtype: str) -> np.dtype:
+    """The numpy dtype of a manifest `graph.kv_dtype` ("fp32" | "fp16")."""
+    if kv_dtype not in _KV_DTYPES:
+        raise ValueError(f"kv_dtype {kv_dtype!r} is not supported (supported: fp32, fp16)")
+    return np.dtype(_KV_DTYPES[kv_dtype])
+
+
+class OutOfBlocks(RuntimeError):
+    """The pool has fewer free blocks than an allocation needs."""
+
+
+class BlockAllocator:
+    """Reference-counted block ids with a free list in LRU order.
+
+    A block freed last goes to the back of the free list and is reused last, so a block
+    whose contents a prefix cache may still want survives as long as possible.
+    """
+
+    __slots__ = ("_free", "_refs")
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        # OrderedDict as an ordered set: O(1) pop from the front and removal from the middle.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._refs = [0] * num_blocks
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._refs)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def refcount(self, block: int) -> int:
+        return self._refs[self._check(block)]
+
+    def is_free(self, block: int) -> bool:
+        return self._check(block) in self._free
+
+    def allocate(self) -> int:
+        """The least recently freed block, now referenced once."""
+        if not self._free:
+            raise OutOfBlocks(f"all {self.num_blocks} KV cache blocks are in use")
+        block, _ = self._free.popitem(last=False)
+        self._refs[block] = 1
+        return block
+
+    def incref(self, block: int) -> None:
+        """One more reference; a free block is taken back off the free list (a cache hit)."""
+        self._check(block)
+        if self._refs[block] == 0:
+            del self._free[block]
+        self._refs[block] += 1
+
+    def free(self, block: int) -> None:
+        """Drop one reference; the last one returns the block to the back of the free list."""
+        self._check(block)
+        if self._refs[block] == 0:
+            raise ValueError(f"block {block} is already free (double free)")
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            self._free[block] = None
+
+    def _check(self, block: int) -> int:
+        if not 0 <= block < len(self._refs):
+            raise ValueError(f"block {block} out of range [0, {len(self._refs)})")
+        return block
+
+
+@dataclass(slots=True)
+class BlockTable:
+    """The blocks of one sequence, in order, and how many token slots of them are filled."""
+
+    allocator: BlockAllocator
+    block_size: int
+    block_ids: list[int] = field(default_factory=list)
+    num_tokens: int = 0
+
+    def blocks_needed(self, n_new: int) -> int:
+        """How many more blocks `n_new` more tokens take."""
+        total = -(-(self.num_tokens + n_new) // self.block_size)
+        return max(0, total - len(self.block_ids))
+
+    def slots_for(self, n_new: int) -> np.ndarray:
+        """Pool slots [n_new] int64 for the next `n_new` tokens, allocating blocks on demand.
+
+        All or nothing: if the pool cannot hold them, OutOfBlocks is raised and the table is
+        unchanged, so the caller can preempt something and retry.
+        """
+        need = self.blocks_needed(n_new)
+        if need > self.allocator.num_free:
+            raise OutOfBlocks(
+                f"{n_new} new tokens need {need} more KV cache blocks, "
+                f"{self.allocator.num_free} of {self.allocator.num_blocks} are free"
+            )
+        for _ in range(need):
+            self.block_ids.append(self.allocator.allocate())
+        positions = np.arange(self.num_tokens, self.num_tokens + n_new, dtype=np.int64)
+        self.num_tokens += n_new
+        return slots_of(self.block_ids, self.block_size, positions)
+
+    def release(self) -> None:
+        """Drop this sequence's reference to every block (it can be recomputed later)."""
+        for block in self.block_ids:
+            self.allocator.free(block)
+        self.block_ids.clear()
+        self.num_tokens = 0
+
+
+def slots_of(block_ids: list[int], block_size: int, positions: np.ndarray) -> np.ndarray:
+    """Pool slot of each token position [n] of a sequence whose blocks are `block_ids`."""
+    table = np.asarray(block_ids, dtype=np.int64)
+    return table[positions // block_size] * block_size + positions % block_size
+
+
+class KVPool:
+    """Per-layer key and value arrays [NB, B, Hkv, D], shared by every sequence.
+
+    The arrays are allocated once and only ever written in place, so an engine session can
+    bind them without copying and see every write.
+    """
+
+    __slots__ = ("allocator", "block_size", "k", "v", "_k_flat", "_v_flat")
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: np.dtype | type = np.float32,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        # zeros, not empty: masked slots still go through the attention matmul, and garbage
+        # (NaN) there would poison the output even with a zero weight.
+        self.k = [np.zeros(shape, dtype) for _ in range(num_layers)]
+        self.v = [np.zeros(shape, dtype) for _ in range(num_layers)]
+        # Reshapes of contiguous arrays are views: writing through them writes the pool.
+        self._k_flat = [a.reshape(num_blocks * block_size, num_kv_heads, head_dim) for a in self.k]
+        self._v_flat = [a.reshape(num_blocks * block_size, num_kv_heads, head_dim) for a in self.v]
+        self.block_size = block_size
+        self.allocator = BlockAllocator(num_blocks)
+
+    @staticmethod
+    def bytes_per_block(
+        num_layers: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: np.dtype | type = np.float32,
+    ) -> int:
+        """Bytes one block takes across all layers, keys and values."""
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * np.dtype(dtype).itemsize
+
+    @classmethod
+    def from_budget(
+        cls,
+        budget_bytes: int,
+        num_layers: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: np.dtype | type = np.float32,
+        max_blocks: int | None = None,
+    ) -> KVPool:
+        """As many blocks as fit in `budget_bytes` (at most `max_blocks`)."""
+        per_block = cls.bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
+        num_blocks = budget_bytes // per_block
+        if max_blocks is not None:
+            num_blocks = min(num_blocks, max_blocks)
+        if num_blocks < 1:
+            raise ValueError(
+                f"a KV cache budget of {budget_bytes} bytes holds no block "
+                f"({per_block} bytes per block)"
+            )
+        return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.k)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.allocator.num_blocks
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.k[0].dtype
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+    def new_block_table(self) -> BlockTable:
+        return BlockTable(self.allocator, self.block_size)
+
+    def write(self, slots: np.ndarray, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Scatter k, v [n, Hkv, D] into `slots` [n] of `layer` (cast to the pool dtype)."""
+        self._k_flat[layer][slots] = k
+        self._v_flat[layer][slots] = v

@@ -1,0 +1,101 @@
+"""Load a verified artifact: pick its engine, open the session, size the KV pool."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ingot.artifacts import EngineInfo, Manifest, safe_relative_path, verify_artifact
+from ingot.runtime.engine_select import select_engine
+from ingot.runtime.generate import Generator, GeneratorConfig
+from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
+from ingot.runtime.session import EngineSession
+from ingot.runtime.tokenizer import TextTokenizer
+
+__all__ = ["DEFAULT_KV_CACHE_BYTES", "LoadedModel"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KV_CACHE_BYTES = 64 << 20
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """Everything a generator needs, from one artifact directory."""
+
+    root: Path
+    manifest: Manifest
+    engine: EngineInfo  # the one select_engine picked
+    tokenizer: TextTokenizer
+    pool: KVPool
+    session: EngineSession
+    max_num_seqs: int
+
+    @classmethod
+    def load(
+        cls,
+        path: Path | str,
+        *,
+        kv_cache_blocks: int | None = None,
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
+        max_num_seqs: int = 16,
+    ) -> LoadedModel:
+        """Verify the artifact at `path`, then load it.
+
+        The pool has `kv_cache_blocks` blocks if given, else as many as `kv_cache_bytes`
+        holds, but no more than `max_num_seqs` sequences of max_seq_len tokens can use.
+        """
+        root = Path(path)
+        manifest = verify_artifact(root)  # before anything in the directory is opened
+        engine, skipped = select_engine(manifest)
+        log.info("engine %s (%s on %s) selected", engine.name, engine.engine, engine.device)
+        for reason in skipped:
+            log.info("engine skipped: %s", reason)
+
+        pool = _make_pool(manifest, kv_cache_blocks, kv_cache_bytes, max_num_seqs)
+        log.info(
+            "KV cache: %d blocks of %d tokens, %.1f MiB",
+            pool.num_blocks,
+            pool.block_size,
+            pool.nbytes / (1 << 20),
+        )
+        tokenizer = TextTokenizer.from_artifact(root, manifest.tokenizer)
+        session = EngineSession(safe_relative_path(root, engine.path), pool, engine.session_options)
+        return cls(root, manifest, engine, tokenizer, pool, session, max_num_seqs)
+
+    @property
+    def sliding_window(self) -> int | None:
+        return getattr(self.manifest.model, "sliding_window", None)
+
+    def generator(self, max_num_batched_tokens: int = 2048) -> Generator:
+        config = GeneratorConfig(
+            max_seq_len=self.manifest.model.max_seq_len,
+            eos_token_ids=tuple(self.manifest.model.eos_token_ids),
+            sliding_window=self.sliding_window,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+        )
+        return Generator(self.session, self.pool, self.tokenizer, config)
+
+
+def _make_pool(
+    manifest: Manifest, blocks: int | None, budget_bytes: int, max_num_seqs: int
+) -> KVPool:
+    graph = manifest.graph
+    shape = (graph.num_layers, graph.kv_block_size, graph.num_kv_heads, graph.head_dim)
+    dtype = kv_numpy_dtype(graph.kv_dtype)
+    blocks_per_seq = -(-manifest.model.max_seq_len // graph.kv_block_size)
+    if blocks is None:
+        # More blocks than max_num_seqs full-length sequences can use would be dead memory.
+        per_block = KVPool.bytes_per_block(*shape, dtype)
+        blocks = min(budget_bytes // per_block, max_num_seqs * blocks_per_seq)
+    if blocks < blocks_per_seq:
+        raise ValueError(
+            f"a KV cache of {blocks} blocks ({blocks * graph.kv_block_size} tokens) cannot "
+            f"hold one sequence of max_seq_len {manifest.model.max_seq_len}; "
+            f"raise kv_cache_blocks or kv_cache_bytes"
+        )
+    return KVPool(
+        graph.num_layers, blocks, graph.kv_block_size, graph.num_kv_heads, graph.head_dim, dtype
+    )

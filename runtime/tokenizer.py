@@ -1,0 +1,146 @@
+"""Text <-> token ids with the artifact's tokenizer.json, and its chat template."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Template, TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from ingot.artifacts import ArtifactError, TokenizerInfo, safe_relative_path
+
+__all__ = ["ChatTemplateError", "IncrementalDecoder", "TextTokenizer"]
+
+# Invalid UTF-8 decodes to U+FFFD: a token that ends mid-character (byte-level BPE splits
+# multi-byte characters) shows up as a trailing replacement character until the rest arrives.
+_REPLACEMENT = "\ufffd"
+
+# Tokens of the prompt re-decoded with the output: tokenizers that drop a leading space at
+# the start of a decode (SentencePiece's Metaspace) then space the first output token right.
+_CONTEXT_TOKENS = 5
+
+
+class ChatTemplateError(ValueError):
+    """The artifact has no chat template, or rendering it failed."""
+
+
+class TextTokenizer:
+    """A `tokenizers.Tokenizer` plus the artifact's special tokens and chat template."""
+
+    __slots__ = ("_tok", "_template", "bos_token", "eos_token")
+
+    def __init__(
+        self,
+        tokenizer_file: Path | str,
+        chat_template: str | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+    ) -> None:
+        self._tok = Tokenizer.from_file(str(tokenizer_file))
+        self._template = None if chat_template is None else _compile(chat_template)
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    @classmethod
+    def from_artifact(cls, root: Path | str, info: TokenizerInfo) -> TextTokenizer:
+        """The tokenizer of a verified artifact at `root` described by `manifest.tokenizer`."""
+        root = Path(root)
+        template = None
+        if info.chat_template is not None:
+            template = safe_relative_path(root, info.chat_template).read_text(encoding="utf-8")
+        return cls(safe_relative_path(root, info.path), template, info.bos_token, info.eos_token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids; with special tokens, the tokenizer's post-processor adds BOS if it has one.
+
+        Encode a rendered chat template with add_special_tokens=False: templates write the
+        BOS token into the text themselves.
+        """
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def incremental_decoder(self, prompt_ids: Sequence[int] = ()) -> IncrementalDecoder:
+        return IncrementalDecoder(self, prompt_ids)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """The prompt text for `messages` ([{"role": ..., "content": ...}, ...])."""
+        if self._template is None:
+            raise ChatTemplateError(
+                "this artifact has no chat template (manifest tokenizer.chat_template is "
+                "null); send a plain prompt instead of chat messages"
+            )
+        try:
+            return self._template.render(
+                messages=messages,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+                add_generation_prompt=add_generation_prompt,
+            )
+        except TemplateError as e:
+            raise ChatTemplateError(f"chat template failed to render: {e}") from e
+
+
+def _compile(source: str) -> Template:
+    # Sandboxed and immutable: the template comes from the artifact, i.e. from whoever built it.
+    # trim_blocks / lstrip_blocks / loopcontrols / raise_exception: what HF templates expect.
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.globals["raise_exception"] = _raise_exception
+    try:
+        return env.from_string(source)
+    except TemplateError as e:
+        raise ArtifactError(f"chat template does not parse: {e}") from e
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(f"chat template refused the messages: {message}")
+
+
+class IncrementalDecoder:
+    """Turns output tokens one at a time into text, yielding only complete characters.
+
+    Each step decodes a short window of recent tokens (from `prefix` on) and emits what the
+    new token added to it, so the cost per token stays constant however long the output.
+    """
+
+    __slots__ = ("_tokenizer", "_ids", "_prefix", "_read")
+
+    def __init__(self, tokenizer: TextTokenizer, prompt_ids: Sequence[int] = ()) -> None:
+        self._tokenizer = tokenizer
+        self._ids = list(prompt_ids[-_CONTEXT_TOKENS:])
+        self._prefix = 0  # start of the decode window
+        self._read = len(self._ids)  # tokens up to here have been emitted as text
+
+    def step(self, token_id: int) -> str:
+        """The text `token_id` completes ("" while a character is still incomplete)."""
+        self._ids.append(token_id)
+        emitted = self._tokenizer.decode(self._ids[self._prefix : self._read])
+        text = self._tokenizer.decode(self._ids[self._prefix :])
+        if len(text) <= len(emitted) or text.endswith(_REPLACEMENT):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return text[len(emitted) :]
+
+    def flush(self) -> str:
+        """Whatever is held back at the end of the output, incomplete characters included."""
+        emitted = self._tokenizer.decode(self._ids[self._prefix : self._read])
+        text = self._tokenizer.decode(self._ids[self._prefix :])
+        self._prefix = self._read = len(self._ids)
+        return text[len(emitted) :]

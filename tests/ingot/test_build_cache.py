@@ -1,0 +1,80 @@
+"""The stage cache: no work on a rebuild, only downstream work on a change, nothing lost on a
+failure, byte-identical artifacts from empty caches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ingot.pipeline import build as build_module
+from ingot.pipeline.build import build
+from ingot.pipeline.cache import StageCache
+from ingot.pipeline.recipe import RecipeError
+
+from fixtures import write_recipe
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_rebuild_does_no_stage_work(tmp_path, tiny_checkpoint):
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint)
+    cache = StageCache(tmp_path / "cache")
+    first = build(recipe, tmp_path / "a", cache=cache)
+    again = build(recipe, tmp_path / "a", cache=cache)
+    assert not any(s.cached for s in first.stages)
+    assert [s.cached for s in again.stages if s.stage != "package"] == [True, True, True]
+    assert again.digest == first.digest
+
+
+def test_changing_export_reruns_only_export_and_engine(tmp_path, tiny_checkpoint):
+    cache = StageCache(tmp_path / "cache")
+    build(write_recipe(tmp_path / "r.yaml", tiny_checkpoint), tmp_path / "a", cache=cache)
+    changed = write_recipe(tmp_path / "r2.yaml", tiny_checkpoint, export={"max_seq_len": 96})
+    result = build(changed, tmp_path / "b", cache=cache)
+    cached = {s.stage: s.cached for s in result.stages}
+    assert cached == {
+        "quantize": True,
+        "export": False,
+        "engine:onnxruntime-cpu": False,
+        "package": False,
+    }
+
+
+def test_two_empty_caches_give_byte_identical_artifacts(tmp_path, tiny_checkpoint):
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint)
+    a = build(recipe, tmp_path / "a", cache=StageCache(tmp_path / "c1"))
+    b = build(recipe, tmp_path / "b", cache=StageCache(tmp_path / "c2"))
+    assert a.digest == b.digest
+    assert _files(a.artifact) == _files(b.artifact)
+
+
+def test_bad_recipe_fails_before_work_and_keeps_the_artifact(tmp_path, tiny_checkpoint):
+    cache = StageCache(tmp_path / "cache")
+    good = build(write_recipe(tmp_path / "r.yaml", tiny_checkpoint), tmp_path / "a", cache=cache)
+    before = _files(good.artifact)
+    bad = write_recipe(tmp_path / "bad.yaml", tiny_checkpoint, kv_cache={"block_size": 24})
+    with pytest.raises(RecipeError, match="kv_cache.block_size"):
+        build(bad, tmp_path / "a", cache=cache)
+    assert _files(good.artifact) == before
+
+
+def test_failing_stage_keeps_cache_and_artifact(tmp_path, tiny_checkpoint, monkeypatch):
+    cache = StageCache(tmp_path / "cache")
+    good = build(write_recipe(tmp_path / "r.yaml", tiny_checkpoint), tmp_path / "a", cache=cache)
+    before = _files(good.artifact)
+    entries_before = sorted(p.name for p in (cache.root / "stages").glob("*/*"))
+
+    def broken_export(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(build_module, "run_export", broken_export)
+    changed = write_recipe(tmp_path / "r2.yaml", tiny_checkpoint, export={"max_seq_len": 96})
+    with pytest.raises(RuntimeError, match="disk full"):
+        build(changed, tmp_path / "a", cache=cache)
+    assert _files(good.artifact) == before
+    # No half-written entry: the failed stage left neither an entry nor a temp directory.
+    assert sorted(p.name for p in (cache.root / "stages").glob("*/*")) == entries_before
+    assert not list((cache.root / "stages").glob("*/.tmp-*"))

@@ -1,0 +1,84 @@
+"""The CLI forms users' scripts depend on: build --json, inspect, verify, schema, generate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ingot.cli import main
+
+from fixtures import write_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_checkpoint):
+    tmp = tmp_path_factory.mktemp("cli")
+    recipe = write_recipe(tmp / "r.yaml", tiny_checkpoint)
+    args = ["build", "--recipe", str(recipe), "--out", str(tmp / "art")]
+    result = CliRunner().invoke(main, [*args, "--cache-dir", str(tmp / "cache"), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_build_json_reports_path_digest_and_stages(built):
+    assert Path(built["artifact"]).is_dir()
+    assert built["digest"].startswith("sha256:")
+    stages = [s["stage"] for s in built["stages"]]
+    assert stages == ["quantize", "export", "engine:onnxruntime-cpu", "package"]
+    assert all({"seconds", "cached", "key"} <= set(s) for s in built["stages"])
+
+
+def test_verify_ok_then_fails_on_a_flipped_byte(built, tmp_path):
+    import shutil
+
+    art = tmp_path / "art"
+    shutil.copytree(built["artifact"], art)
+    ok = CliRunner().invoke(main, ["verify", str(art)])
+    assert ok.exit_code == 0 and built["digest"] in ok.output
+    data = art / "model.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    data.write_bytes(bytes(raw))
+    bad = CliRunner().invoke(main, ["verify", str(art)])
+    assert bad.exit_code == 1
+    assert "model.onnx.data" in bad.output
+    refused = CliRunner().invoke(main, ["generate", str(art), "--prompt", "def"])
+    assert refused.exit_code == 1
+    assert "model.onnx.data" in refused.output
+
+
+def test_inspect_json_and_text(built):
+    as_json = CliRunner().invoke(main, ["inspect", built["artifact"], "--json"])
+    manifest = json.loads(as_json.stdout)
+    assert manifest["model"]["quantization"][0]["bits"] == 4
+    text = CliRunner().invoke(main, ["inspect", built["artifact"]])
+    assert "rtn int4 g32 sym" in text.output and "onnxruntime-cpu" in text.output
+
+
+def test_generate_json_is_deterministic_for_a_seed(built):
+    args = ["generate", built["artifact"], "--prompt", "def add", "--max-tokens", "12"]
+    sampled = [*args, "--temperature", "0.8", "--top-p", "0.9", "--seed", "7", "--json"]
+    first = json.loads(CliRunner().invoke(main, sampled).stdout)
+    second = json.loads(CliRunner().invoke(main, sampled).stdout)
+    assert first == second
+    assert len(first["token_ids"]) <= 12 and first["prompt_token_ids"]
+    streamed = CliRunner().invoke(main, args)
+    assert streamed.exit_code == 0 and streamed.output.startswith("def add")
+
+
+def test_schema_matches_the_committed_file():
+    result = CliRunner().invoke(main, ["schema"])
+    committed = json.loads((REPO / "recipes" / "recipe.schema.json").read_text())
+    assert json.loads(result.stdout) == committed
+
+
+def test_bad_recipe_is_one_clear_line(tmp_path, tiny_checkpoint):
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, export={"opset": 22})
+    result = CliRunner().invoke(main, ["build", "--recipe", str(recipe), "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "export.opset" in result.output and "Traceback" not in result.output

@@ -1,0 +1,146 @@
+"""The ONNX Runtime CPU engine: optimized once, loaded without re-optimizing, same logits."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto
+from torch import nn
+
+from ingot.pipeline.engines.onnxruntime import build_onnxruntime_engine, host_cpu_isa
+from ingot.pipeline.export import export_onnx
+from ingot.pipeline.model.load import load_model
+from ingot.pipeline.quantize.rtn import quantize_linear_rtn
+
+from fixtures import make_checkpoint
+
+BLOCK = 8
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny llama with int4 g32 symmetric decoder linears, exported."""
+    root = tmp_path_factory.mktemp("engine")
+    model = load_model(make_checkpoint(root / "ckpt", "llama"))
+    for name, linear in list(model.named_modules()):
+        if isinstance(linear, nn.Linear) and name.startswith("layers."):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, quantize_linear_rtn(linear, 4, 32, True))
+    export_onnx(model, root / "export", max_seq_len=64, kv_block_size=BLOCK)
+    return root / "export" / "model.onnx"
+
+
+def _feed(num_layers: int = 2, context: int = 5, q: int = 3) -> dict[str, np.ndarray]:
+    """Two sequences, each with `context` tokens already in (scattered) pool blocks."""
+    rng = np.random.default_rng(0)
+    tables = np.array([[3, 0], [1, 4]], dtype=np.int64)  # [S, MB]
+    past = tables.shape[1] * BLOCK
+    mask = np.zeros((2, 1, q, past + q), dtype=bool)
+    mask[:, :, :, :context] = True
+    mask[:, 0, :, past:] = np.tril(np.ones((q, q), dtype=bool))
+    feed = {
+        "input_ids": rng.integers(0, 320, (2, q)),
+        "positions": np.tile(context + np.arange(q), (2, 1)),
+        "block_tables": tables,
+        "context_lens": np.full(2, context, dtype=np.int64),
+        "attention_mask": mask,
+    }
+    for layer in range(num_layers):
+        for kind in "kv":
+            feed[f"{kind}_pool_{layer}"] = rng.normal(size=(6, BLOCK, 2, 16)).astype(np.float32)
+    return feed
+
+
+def _run(path, feed) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(["logits"], feed)[0]
+
+
+def _op_counts(path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("level", ["basic", "extended", "all"])
+def test_optimized_engine_matches_the_graph(exported, tmp_path, level):
+    out = tmp_path / "engines" / "onnxruntime-cpu"
+    record = build_onnxruntime_engine(exported, out, optimization_level=level)
+    assert (out / "model.onnx").is_file() and (out / "model.onnx.data").is_file()
+    feed = _feed()
+    np.testing.assert_allclose(_run(out / "model.onnx", feed), _run(exported, feed), atol=1e-4)
+
+    ops = _op_counts(out / "model.onnx")
+    if level == "basic":
+        assert ops["DequantizeLinear"] == 14
+    else:  # ORT fuses every int4 DequantizeLinear -> MatMul into MatMulNBits
+        assert ops["MatMulNBits"] == 14 and "DequantizeLinear" not in ops
+
+    assert record["name"] == "onnxruntime-cpu" and record["engine"] == "onnxruntime"
+    assert record["device"] == "cpu"
+    assert record["path"] == "engines/onnxruntime-cpu/model.onnx"
+    major, minor = (int(p) for p in ort.__version__.split(".")[:2])
+    assert record["requires"]["onnxruntime"] == f">={major}.{minor},<{major + 1}"
+    assert record["requires"]["cpu_isa"] == (host_cpu_isa() if level == "all" else [])
+    assert record["session_options"] == {
+        "graph_optimization_level": "disable_all",
+        "intra_op_num_threads": 0,
+    }
+    assert record["build"] == {"optimization_level": level, "matmul_accuracy_level": 0}
+
+
+def test_optimized_weights_are_external_and_relative(exported, tmp_path):
+    build_onnxruntime_engine(exported, tmp_path, optimization_level="all")
+    graph = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False).graph
+    external = [t for t in graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    assert len(external) >= 14
+    for tensor in external:
+        assert {e.key: e.value for e in tensor.external_data}["location"] == "model.onnx.data"
+    inline = sum(len(t.raw_data) for t in graph.initializer)
+    assert inline < 16 * 1024  # only shape constants stay in the .onnx
+    assert [i.name for i in graph.input][-2:] == ["context_lens", "attention_mask"]
+
+
+def test_engine_build_is_byte_deterministic(exported, tmp_path):
+    for out in ("a", "b"):
+        build_onnxruntime_engine(exported, tmp_path / out, optimization_level="all")
+    for name in ("model.onnx", "model.onnx.data"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_int8_activations_are_opt_in(exported, tmp_path):
+    # ORT's default accuracy level 4 quantizes activations: faster, but not the graph's numbers.
+    record = build_onnxruntime_engine(
+        exported, tmp_path, optimization_level="extended", matmul_accuracy_level=4
+    )
+    assert record["build"]["matmul_accuracy_level"] == 4
+    graph = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False).graph
+    levels = {
+        a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+        if a.name == "accuracy_level"
+    }  # fmt: skip
+    assert levels == {4}
+
+
+def test_rejects_unknown_level(exported, tmp_path):
+    with pytest.raises(ValueError, match="optimization_level: 'max'"):
+        build_onnxruntime_engine(exported, tmp_path, optimization_level="max")
+
+
+def test_host_cpu_isa_parsing():
+    x86 = "processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f avx512_vnni amx_tile\n"
+    assert host_cpu_isa(x86) == [
+        "sse4_2",
+        "avx",
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512_vnni",
+        "amx_tile",
+    ]
+    arm = "processor\t: 0\nFeatures\t: fp asimd evtstrm sve\n"
+    assert host_cpu_isa(arm) == ["asimd", "sve"]
+    assert host_cpu_isa("") == []

@@ -1,0 +1,93 @@
+import numpy as np
+import pytest
+
+from ingot.runtime.batch import build_inputs
+from ingot.runtime.kv_pool import BlockTable, KVPool
+
+T, F = True, False
+
+
+@pytest.fixture
+def pool():
+    return KVPool(num_layers=2, num_blocks=6, block_size=2, num_kv_heads=1, head_dim=2)
+
+
+def _two_sequences(pool):
+    # A: 3 tokens in the pool (positions 0-2), 2 new ones at positions 3, 4; blocks 4, 1, 3.
+    # B: a fresh 1-token prompt; block 2.
+    a = BlockTable(pool.allocator, 2, [4, 1, 3], num_tokens=5)
+    b = BlockTable(pool.allocator, 2, [2], num_tokens=1)
+    return [(a, [7, 8], 3), (b, [9], 0)]
+
+
+def test_inputs_for_a_decode_and_a_prefill_together(pool):
+    batch = build_inputs(_two_sequences(pool))
+    np.testing.assert_array_equal(batch.input_ids, [[7, 8], [9, 0]])
+    np.testing.assert_array_equal(batch.positions, [[3, 4], [0, 0]])
+    np.testing.assert_array_equal(batch.block_tables, [[4, 1, 3], [2, 0, 0]])
+    np.testing.assert_array_equal(batch.context_lens, [3, 0])
+    # position 3 -> block_ids[1] = 1, offset 1 -> slot 3; position 4 -> block 3, offset 0 -> 6
+    np.testing.assert_array_equal(batch.slots[0], [3, 6])
+    np.testing.assert_array_equal(batch.slots[1], [4])
+    assert batch.attention_mask.shape == (2, 1, 2, 3 * 2 + 2)
+    assert batch.attention_mask.dtype == np.bool_
+    expected = np.array(
+        [
+            #  past slots 0-5        new 0, 1
+            [[T, T, T, F, F, F, T, F], [T, T, T, F, F, F, T, T]],  # A
+            [[F, F, F, F, F, F, T, F], [F, F, F, F, F, F, F, T]],  # B (row 1 is padding)
+        ]
+    )
+    np.testing.assert_array_equal(batch.attention_mask[:, 0], expected)
+
+
+def test_sliding_window_hides_keys_that_are_too_far_back(pool):
+    batch = build_inputs(_two_sequences(pool), sliding_window=2)
+    expected_a = np.array(
+        [
+            [F, F, T, F, F, F, T, F],  # position 3 sees positions 2, 3
+            [F, F, F, F, F, F, T, T],  # position 4 sees positions 3, 4
+        ]
+    )
+    np.testing.assert_array_equal(batch.attention_mask[0, 0], expected_a)
+
+
+def test_sliding_window_within_the_new_tokens(pool):
+    table = pool.new_block_table()
+    table.slots_for(4)
+    mask = build_inputs([(table, [1, 2, 3, 4], 0)], sliding_window=2).attention_mask
+    new = mask[0, 0, :, -4:]
+    np.testing.assert_array_equal(
+        new, np.tril(np.ones((4, 4), bool)) & ~np.tril(np.ones((4, 4), bool), -2)
+    )
+    assert not mask[0, 0, :, :-4].any()  # nothing in the pool yet
+
+
+def test_every_query_row_attends_somewhere(pool):
+    batch = build_inputs(_two_sequences(pool), sliding_window=1)
+    assert batch.attention_mask.any(axis=-1).all()
+
+
+def test_write_kv_writes_real_rows_only_and_last_logits(pool):
+    batch = build_inputs(_two_sequences(pool))
+    new_k = np.arange(2 * 2 * 1 * 2, dtype=np.float32).reshape(2, 2, 1, 2) + 1  # [S,Q,Hkv,D]
+    new_kv = [(new_k, -new_k), (2 * new_k, -2 * new_k)]
+    batch.write_kv(pool, new_kv)
+    flat_k1 = pool.k[1].reshape(-1, 1, 2)
+    np.testing.assert_array_equal(flat_k1[[3, 6, 4]], 2 * new_k[[0, 0, 1], [0, 1, 0]])
+    np.testing.assert_array_equal(pool.v[0].reshape(-1, 1, 2)[6], -new_k[0, 1])
+    written = {3, 6, 4}
+    untouched = [s for s in range(12) if s not in written]
+    assert not pool.k[0].reshape(-1, 2)[untouched].any()  # the padded row went nowhere
+
+    logits = np.arange(2 * 2 * 5, dtype=np.float32).reshape(2, 2, 5)
+    np.testing.assert_array_equal(batch.last_logits(logits), [logits[0, 1], logits[1, 0]])
+
+
+def test_unallocated_positions_are_refused(pool):
+    table = pool.new_block_table()
+    table.slots_for(2)
+    with pytest.raises(ValueError, match="slots_for first"):
+        build_inputs([(table, [1], 2)])
+    with pytest.raises(ValueError, match="at least one"):
+        build_inputs([])

@@ -1,0 +1,206 @@
+"""EngineSession and LoadedModel over a tiny hand-built graph with ingot's graph interface.
+
+The graph's logits are a one-hot of (input_id + 1) % V plus the sum of k_pool_0, so a test
+can see that the bound pool is read live; new_k/new_v are the positions, broadcast.
+"""
+
+import logging
+
+import numpy as np
+import pytest
+
+from ingot.artifacts import ArtifactError, sha256_file, write_manifest
+from ingot.runtime import LoadedModel, SamplingParams
+from ingot.runtime.kv_pool import KVPool
+from ingot.runtime.session import EngineSession, SessionError
+
+from fixtures import CHAT_TEMPLATE, write_tokenizer
+
+onnx = pytest.importorskip("onnx")  # build-time dependency, used here only to write the graph
+from onnx import TensorProto, helper  # noqa: E402
+
+V, LAYERS, HKV, D, B = 320, 2, 2, 16, 4
+
+
+def write_graph(path, vocab=V, layers=LAYERS):
+    t = TensorProto
+    inputs = [
+        helper.make_tensor_value_info("input_ids", t.INT64, ["S", "Q"]),
+        helper.make_tensor_value_info("positions", t.INT64, ["S", "Q"]),
+    ]
+    for layer in range(layers):
+        for kv in ("k", "v"):
+            inputs.append(
+                helper.make_tensor_value_info(f"{kv}_pool_{layer}", t.FLOAT, ["NB", B, HKV, D])
+            )
+    inputs += [
+        helper.make_tensor_value_info("block_tables", t.INT64, ["S", "MB"]),
+        helper.make_tensor_value_info("context_lens", t.INT64, ["S"]),
+        helper.make_tensor_value_info("attention_mask", t.BOOL, ["S", 1, "Q", "K"]),
+    ]
+    nodes = [
+        helper.make_node("Add", ["input_ids", "one"], ["next"]),
+        helper.make_node("Mod", ["next", "vocab"], ["next_mod"]),
+        helper.make_node("OneHot", ["next_mod", "vocab", "onehot_values"], ["onehot"], axis=-1),
+        helper.make_node("ReduceSum", ["k_pool_0"], ["pool_sum"], keepdims=0),
+        helper.make_node("Add", ["onehot", "pool_sum"], ["logits"]),
+        helper.make_node("Cast", ["positions"], ["pos_f"], to=t.FLOAT),
+        helper.make_node("Unsqueeze", ["pos_f", "axes23"], ["pos_4d"]),
+        helper.make_node("Expand", ["pos_4d", "kv_shape"], ["kv"]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", t.FLOAT, ["S", "Q", vocab])]
+    for layer in range(layers):
+        for kv in ("k", "v"):
+            nodes.append(helper.make_node("Identity", ["kv"], [f"new_{kv}_{layer}"]))
+            outputs.append(
+                helper.make_tensor_value_info(f"new_{kv}_{layer}", t.FLOAT, ["S", "Q", HKV, D])
+            )
+    init = [
+        helper.make_tensor("one", t.INT64, [], [1]),
+        helper.make_tensor("vocab", t.INT64, [], [vocab]),
+        helper.make_tensor("onehot_values", t.FLOAT, [2], [0.0, 10.0]),
+        helper.make_tensor("axes23", t.INT64, [2], [2, 3]),
+        helper.make_tensor("kv_shape", t.INT64, [4], [1, 1, HKV, D]),
+    ]
+    graph = helper.make_graph(nodes, "fake", inputs, outputs, init)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def _pool(layers=LAYERS, dtype=np.float32):
+    return KVPool(layers, num_blocks=8, block_size=B, num_kv_heads=HKV, head_dim=D, dtype=dtype)
+
+
+def _inputs(ids):
+    ids = np.array(ids, dtype=np.int64)  # [S, Q]
+    S, Q = ids.shape
+    positions = np.broadcast_to(np.arange(Q), (S, Q)).copy()
+    mask = np.ones((S, 1, Q, B + Q), bool)
+    return ids, positions, np.zeros((S, 1), np.int64), np.zeros(S, np.int64), mask
+
+
+def test_run_reads_the_bound_pool_live(tmp_path):
+    pool = _pool()
+    session = EngineSession(write_graph(tmp_path / "g.onnx"), pool, {"intra_op_num_threads": 1})
+    logits, new_kv = session.run(*_inputs([[5, 6], [7, 0]]))
+    assert logits.shape == (2, 2, V) and logits.dtype == np.float32
+    np.testing.assert_array_equal(logits.argmax(-1), [[6, 7], [8, 1]])
+    assert len(new_kv) == LAYERS and new_kv[1][0].shape == (2, 2, HKV, D)
+    np.testing.assert_array_equal(new_kv[0][1][:, :, 0, 0], [[0, 1], [0, 1]])
+
+    # Writing the pool in place is seen by the next call: the session aliases the arrays.
+    pool.write(np.array([3, 9]), 0, np.full((2, HKV, D), 0.5, np.float32), np.zeros((2, HKV, D)))
+    logits2, _ = session.run(*_inputs([[5, 6], [7, 0]]))
+    np.testing.assert_allclose(logits2 - logits, 2 * HKV * D * 0.5)
+
+
+def test_interface_mismatches_are_named(tmp_path):
+    graph = write_graph(tmp_path / "g.onnx")
+    with pytest.raises(SessionError, match="missing input 'k_pool_2'"):
+        EngineSession(graph, _pool(layers=3))
+    with pytest.raises(SessionError, match="tensor\\(float\\), the pool is tensor\\(float16\\)"):
+        EngineSession(graph, _pool(dtype=np.float16))
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"graph_optimization_level": "max"}, "graph_optimization_level 'max'"),
+        ({"intra_op_num_threads": -1}, "intra_op_num_threads"),
+        ({"turbo": True}, "unknown keys \\['turbo'\\]"),
+    ],
+)
+def test_bad_session_options(tmp_path, options, match):
+    with pytest.raises(SessionError, match=match):
+        EngineSession(write_graph(tmp_path / "g.onnx"), _pool(), options)
+
+
+def _artifact(root, max_seq_len=64):
+    write_graph(root / "model.onnx")
+    write_graph(root / "engines" / "onnxruntime-cpu" / "model.onnx")
+    write_tokenizer(root, V)
+    (root / "tokenizer_config.json").unlink()
+    (root / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    (root / "ingot.lock").write_text("{}\n")
+    engine = {"device": "cpu", "path": "engines/onnxruntime-cpu/model.onnx"}
+    fields = {
+        "name": "fake",
+        "version": "0",
+        "recipe": {},
+        "lock": {"path": "ingot.lock", "sha256": sha256_file(root / "ingot.lock")},
+        "model": {
+            "architecture": "LlamaForCausalLM",
+            "vocab_size": V,
+            "hidden_size": 64,
+            "num_layers": LAYERS,
+            "num_heads": 4,
+            "num_kv_heads": HKV,
+            "head_dim": D,
+            "max_seq_len": max_seq_len,
+            "bos_token_id": 0,
+            "eos_token_ids": [1],
+            "tie_word_embeddings": False,
+        },
+        "tokenizer": {"path": "tokenizer.json", "chat_template": "chat_template.jinja"},
+        "graph": {
+            "path": "model.onnx",
+            "opset": 23,
+            "inputs": [],
+            "outputs": [],
+            "num_layers": LAYERS,
+            "kv_block_size": B,
+            "kv_dtype": "fp32",
+            "num_kv_heads": HKV,
+            "head_dim": D,
+        },
+        "engines": [
+            {"name": "tensorrt-sm90", "engine": "tensorrt", **engine, "device": "cuda"},
+            {
+                "name": "onnxruntime-cpu",
+                "engine": "onnxruntime",
+                **engine,
+                "requires": {"onnxruntime": ">=1.20,<2", "cpu_isa": []},
+                "session_options": {
+                    "graph_optimization_level": "disable_all",
+                    "intra_op_num_threads": 1,
+                },
+            },
+        ],
+    }
+    write_manifest(root, fields)
+    return root
+
+
+def test_load_and_generate(tmp_path, caplog):
+    root = _artifact(tmp_path / "art")
+    with caplog.at_level(logging.INFO, logger="ingot.runtime"):
+        model = LoadedModel.load(root, max_num_seqs=2)
+    assert model.engine.name == "onnxruntime-cpu"
+    assert "engine onnxruntime-cpu" in caplog.text and "tensorrt-sm90: " in caplog.text
+    assert model.pool.num_blocks == 2 * 64 // B  # capped at max_num_seqs full sequences
+    out = model.generator().generate([[65], [40, 41]], SamplingParams(max_tokens=3, temperature=0))
+    assert [c.token_ids for c in out] == [[66, 67, 68], [42, 43, 44]]
+    assert out[0].text == "abc"
+    assert model.tokenizer.apply_chat_template([{"role": "user", "content": "x"}]).startswith(
+        "<|user|>"
+    )
+
+
+def test_pool_sizing_options(tmp_path):
+    root = _artifact(tmp_path / "art")
+    assert LoadedModel.load(root, kv_cache_blocks=20).pool.num_blocks == 20
+    per_block = KVPool.bytes_per_block(LAYERS, B, HKV, D)
+    assert LoadedModel.load(root, kv_cache_bytes=17 * per_block).pool.num_blocks == 17
+    with pytest.raises(ValueError, match="cannot hold one sequence of max_seq_len 64"):
+        LoadedModel.load(root, kv_cache_blocks=15)
+
+
+def test_nothing_loads_from_a_tampered_artifact(tmp_path):
+    root = _artifact(tmp_path / "art")
+    (root / "chat_template.jinja").write_text("{{ 'tampered' }}")
+    with pytest.raises(ArtifactError, match="chat_template.jinja: size mismatch"):
+        LoadedModel.load(root)
