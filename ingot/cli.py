@@ -168,3 +168,7 @@ def generate(
     for delta in generator.stream(prompt, params):
         click.echo(delta, nl=False)
     click.echo()
+
+
+# Commands that live in their own modules register themselves here (one line each), so the
+# CLI's file stays short: ingot/cli_<topic>.py defines `register(main)`.
