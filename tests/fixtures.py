@@ -100,3 +100,11 @@ def write_recipe(path: Path, source: Path, **overrides) -> Path:
     recipe.update(overrides)
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
+
+
+def write_files(root: Path, files: dict[str, bytes]) -> Path:
+    """Write {relative path: bytes} under root (creating folders); returns root."""
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root

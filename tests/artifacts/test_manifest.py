@@ -21,6 +21,8 @@ from ingot.artifacts import (
     write_manifest,
 )
 
+from fixtures import write_files
+
 LOCK = b'{"lock_version": 1}\n'
 FILES = {
     "ingot.lock": LOCK,
@@ -73,11 +75,7 @@ def fields() -> dict[str, Any]:
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    root = tmp_path / "artifact"
-    for rel, data in FILES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-    return root
+    return write_files(tmp_path / "artifact", FILES)
 
 
 def test_write_lists_every_file_with_size_and_digest(root: Path) -> None:

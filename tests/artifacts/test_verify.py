@@ -20,6 +20,8 @@ from ingot.artifacts import (
     write_manifest,
 )
 
+from fixtures import write_files
+
 FILES = {
     "ingot.lock": b'{"lock_version": 1, "stages": {}}\n',
     "tokenizer.json": b'{"model": {"type": "BPE"}}',
@@ -87,10 +89,7 @@ def manifest_fields(lock_sha256: str) -> dict[str, Any]:
 
 @pytest.fixture
 def artifact(tmp_path: Path) -> Path:
-    root = tmp_path / "artifact"
-    for rel, data in FILES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
+    root = write_files(tmp_path / "artifact", FILES)
     write_manifest(root, manifest_fields(hashlib.sha256(FILES["ingot.lock"]).hexdigest()))
     return root
 
