@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ingot.artifacts.digest import sha256_bytes, sha256_file
 from ingot.artifacts.errors import ArtifactError
-from ingot.artifacts.paths import MANIFEST_NAME, iter_artifact_files
+from ingot.artifacts.paths import MANIFEST_NAME, SIGNATURE_NAME, iter_artifact_files
 
 __all__ = [
     "FORMAT",
@@ -28,6 +28,7 @@ __all__ = [
     "FileEntry",
     "FileRef",
     "GraphInfo",
+    "InteropInfo",
     "TensorSpec",
     "Manifest",
     "ModelInfo",
@@ -128,6 +129,14 @@ class GraphInfo(_Strict):
     head_dim: Positive
 
 
+class InteropInfo(_Strict):
+    """A checkpoint in another engine's format (GPTQ, AWQ, compressed-tensors)."""
+
+    format: str = Field(description="gptq | awq | compressed-tensors")
+    path: str = Field(description="relative directory: config.json, model.safetensors, tokenizer")
+    quantization_config: dict[str, Any] = Field(description="as written in its config.json")
+
+
 class EngineInfo(_Strict):
     """One built engine and what a host needs to run it."""
 
@@ -137,7 +146,9 @@ class EngineInfo(_Strict):
     path: str = Field(description="relative path of the engine file")
     requires: dict[str, Any] = Field(
         default_factory=dict,
-        description='host requirements, e.g. {"onnxruntime": ">=1.23,<2", "cpu_isa": ["avx2"]}',
+        description='host requirements: onnxruntime engines {"onnxruntime": ">=1.23,<2", '
+        '"cpu_isa": ["avx2"]}; tensorrt engines {"tensorrt": "==10.14.1", "cuda": ">=12.8", '
+        '"compute_capability": "9.0"}',
     )
     session_options: dict[str, Any] = Field(
         default_factory=dict, description="what the runtime sets when it loads the engine"
@@ -161,6 +172,9 @@ class Manifest(_Strict):
     graph: GraphInfo
     engines: list[EngineInfo] = Field(min_length=1, description="in order of preference")
     eval: dict[str, Any] | None = None
+    interop: list[InteropInfo] = Field(
+        default_factory=list, description="checkpoints for other engines under interop/"
+    )
     files: list[FileEntry] = Field(description="every file except manifest.json, by path")
 
     @field_validator("format_version")
@@ -244,6 +258,7 @@ def write_manifest(root: Path, manifest_fields: dict[str, Any]) -> tuple[Manifes
     files = [
         {"path": rel, "size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
         for rel in iter_artifact_files(root)
+        if rel != SIGNATURE_NAME  # a signature of the old manifest; re-sign after writing
     ]
     manifest = _validate({**manifest_fields, "files": files}, "manifest fields")
     problems = reference_problems(manifest)

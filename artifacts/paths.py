@@ -16,6 +16,7 @@ from ingot.artifacts.errors import ArtifactError
 
 __all__ = [
     "MANIFEST_NAME",
+    "SIGNATURE_NAME",
     "display_path",
     "iter_artifact_files",
     "safe_relative_path",
@@ -24,6 +25,9 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "manifest.json"
+# The optional signature over manifest.json (artifacts/signing.py). It cannot be listed in the
+# manifest it signs, so verification admits it unlisted, as a regular file at the top level only.
+SIGNATURE_NAME = "model.sig"
 
 
 def unsafe_path_reason(rel: str) -> str | None:

@@ -17,6 +17,7 @@ from ingot.artifacts.manifest import (
 )
 from ingot.artifacts.paths import (
     MANIFEST_NAME,
+    SIGNATURE_NAME,
     display_path,
     safe_relative_path,
     scan_artifact_files,
@@ -48,7 +49,9 @@ def verify_artifact(root: Path | str) -> Manifest:
     listed = {entry.path for entry in manifest.files}
     on_disk, refused = scan_artifact_files(root)
     for rel in on_disk:
-        if rel not in listed:
+        # model.sig signs manifest.json, so it cannot be listed there; it is checked by
+        # signing.verify_signature when a signature is required.
+        if rel not in listed and rel != SIGNATURE_NAME:
             problems.append(f"{rel}: present but not listed in the manifest")
     for rel, why in refused.items():
         if rel not in listed:  # a listed link was already reported by its entry check
@@ -63,6 +66,8 @@ def verify_artifact(root: Path | str) -> Manifest:
 def _check_entry(root: Path, entry: FileEntry) -> str | None:
     if entry.path == MANIFEST_NAME:
         return f"{MANIFEST_NAME}: the manifest cannot list itself"
+    if entry.path == SIGNATURE_NAME:
+        return f"{SIGNATURE_NAME}: the manifest cannot list the signature over itself"
     try:
         path = safe_relative_path(root, entry.path)
     except ArtifactError as e:

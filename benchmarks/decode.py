@@ -1,24 +1,26 @@
 """Batch-1 greedy decode speed of ingot against transformers and the PyTorch IR, on one host.
 
     python benchmarks/decode.py [--models pydoc-16m,llama-1b-shape] [--tokens 128] [--quick]
+                                [--variants int4-g32,int8-pc] [--wait-idle SECONDS]
 
 For each model: transformers generate (fp32), the ingot IR in torch (fp32) and ingot artifacts
-on ONNX Runtime (RTN int4 g32 and int8 per-channel). Each engine runs in its own process: a
-short warm-up, then 3 runs of a fixed 32-token prompt with EOS ignored; decode tokens/s (time
-to first token excluded and reported apart) is the median. The memory bandwidth measured in the
-same run turns the bytes each decode step must read into a bandwidth-bound tokens/s.
-Writes benchmarks/results/decode.json and decode.md.
+on ONNX Runtime (RTN int4 g32 and int8 per-channel, each also with a what-if engine rebuilt at
+MatMulNBits accuracy level 4). Each engine runs in its own process: a short warm-up, then 3
+runs of a fixed 32-token prompt with EOS ignored (one shorter run, flagged, for an engine too
+slow for that); decode tokens/s (time to first token excluded and reported apart) is the
+median. The memory bandwidth measured in the same run turns the bytes each decode step must
+read into a bandwidth-bound tokens/s. Writes benchmarks/results/decode.json and decode.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -27,29 +29,29 @@ from ingot.pipeline.model.config import ModelConfig
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # sibling helper modules; benchmarks/ is not a package
 
-from bench_models import MODELS, BenchModel, bench_cache_dir, prepare_model  # noqa: E402
+from bench_models import MODELS, BenchModel, prepare_model  # noqa: E402
 from decode_report import write_reports  # noqa: E402
+from graph_stats import artifact_graphs, graph_summary  # noqa: E402
 from machine import machine_info, measure_bandwidth  # noqa: E402
-from traffic import (  # noqa: E402
-    FLOAT32,
-    WeightFormat,
-    decode_bytes_per_token,
-    mean_decode_context,
+from ort_artifacts import (  # noqa: E402
+    DEFAULT_VARIANTS,
+    KV_BLOCK_SIZE,
+    MAX_SEQ_LEN,
+    ORT_VARIANTS,
+    WHAT_IF_ACCURACY_LEVEL,
+    build_spec,
+    prune_stale_caches,
+    what_if_engine_spec,
 )
+from traffic import FLOAT32, decode_bytes_per_token, mean_decode_context  # noqa: E402
 
 THREADS = 2
 RUNS = 3
-WARMUP_TOKENS = 16  # enough to page in every weight and warm the allocators
-MAX_SEQ_LEN = 512
-KV_BLOCK_SIZE = 16
+WARMUP_TOKENS = 8  # each step reads every weight, so a few steps page them all in
+DECODE_BUDGET_S = 240  # timed runs per case; a slower engine gets one shorter run (flagged)
+REDUCED_BUDGET_S = 60  # that shorter run
 DECODE_TIMEOUT_S = 900
 BUILD_TIMEOUT_S = 1500
-
-# ingot ONNX Runtime variants: name -> (layer weights, lm_head weights). lm_head stays float.
-ORT_VARIANTS = {
-    "int4-g32": (WeightFormat(bits=4, group_size=32), FLOAT32),
-    "int8-pc": (WeightFormat(bits=8, group_size=-1), FLOAT32),
-}
 FLOAT_ENGINES = ("transformers-fp32", "ir-fp32")
 REFERENCE_ENGINE = "ir-fp32"  # the other engines' greedy tokens are compared against it
 
@@ -58,19 +60,25 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     models = ["pydoc-16m"] if args.quick else args.models.split(",")
     tokens = 32 if args.quick else args.tokens
-    unknown = sorted(set(models) - set(MODELS))
-    if unknown:
-        sys.exit(f"--models: unknown {unknown} (known: {', '.join(MODELS)})")
+    variants = args.variants.split(",")
+    checks = (("--models", models, MODELS), ("--variants", variants, ORT_VARIANTS))
+    for flag, names, known in checks:
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            sys.exit(f"{flag}: unknown {unknown} (known: {', '.join(known)})")
 
+    idle_wait_s = _wait_idle(args.wait_idle)
     started = time.perf_counter()
-    machine = machine_info()
+    for path in prune_stale_caches():
+        _log(f"removed {path} (built by other ingot code)")
+    machine = machine_info() | {"waited_for_idle_s": idle_wait_s}
     bandwidth = [measure_bandwidth(THREADS)]
     cases = []
     with tempfile.TemporaryDirectory(prefix="ingot-bench-") as tmp:
         for name in models:
             _log(f"model {name}: preparing")
             model = prepare_model(name)
-            cases += bench_model(model, tokens, Path(tmp))
+            cases += bench_model(model, tokens, variants, Path(tmp))
     bandwidth.append(measure_bandwidth(THREADS))
 
     report = _report(machine, bandwidth, cases, tokens, args, time.perf_counter() - started)
@@ -80,29 +88,52 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def bench_model(model: BenchModel, tokens: int, tmp: Path) -> list[dict[str, Any]]:
+def bench_model(
+    model: BenchModel, tokens: int, variants: list[str], tmp: Path
+) -> list[dict[str, Any]]:
     cfg = ModelConfig.from_dir(model.path)
     context = mean_decode_context(len(model.prompt_ids), tokens)
     cases = []
     for engine in FLOAT_ENGINES:
         load = {"path": str(model.path), "threads": THREADS}
-        result = _decode(model, engine, load, tokens, tmp)
         traffic = decode_bytes_per_token(cfg, FLOAT32, FLOAT32, context, kv_bytes=4)
-        cases.append(_case(model, engine, None, result, traffic))
-    for variant, (layers, lm_head) in ORT_VARIANTS.items():
-        built = _build(model, variant, layers, lm_head, tmp)
-        if built["ok"]:
-            load = {"artifact": built["artifact"]}
-            result = _decode(model, "ingot-ort", load, tokens, tmp)
-        else:
-            result = {"ok": False, "error": f"build failed: {built['error']}"}
+        cases.append(_case(model, engine, None, _decode(model, engine, load, tokens, tmp), traffic))
+    for variant in variants:
+        layers, lm_head = ORT_VARIANTS[variant]
         traffic = decode_bytes_per_token(cfg, layers, lm_head, context, kv_bytes=4)
-        case = _case(model, "ingot-ort", variant, result, traffic)
-        case["build"] = built
-        case["graph"] = _graph_summary(built.get("artifact"))
-        cases.append(case)
+        cases += _ort_cases(model, variant, traffic, tokens, tmp)
     _compare_tokens(cases)
     return cases
+
+
+def _ort_cases(
+    model: BenchModel, variant: str, traffic: dict, tokens: int, tmp: Path
+) -> list[dict[str, Any]]:
+    """The artifact as built from its recipe, then the what-if engine at another accuracy."""
+    _log(f"model {model.name}: building ingot artifact {variant}")
+    built = _run_worker(build_spec(model, variant, tmp), tmp, BUILD_TIMEOUT_S)
+    if not built["ok"]:
+        failed = {"ok": False, "error": f"build failed: {built['error']}"}
+        return [_case(model, "ingot-ort", variant, failed, traffic) | {"build": built}]
+    artifact = built["artifact"]
+    result = _decode(model, "ingot-ort", {"artifact": artifact}, tokens, tmp)
+    case = _case(model, "ingot-ort", variant, result, traffic)
+    case |= {"build": built, "graphs": artifact_graphs(artifact)}
+
+    level = WHAT_IF_ACCURACY_LEVEL
+    _log(f"model {model.name}: what-if engine {variant} at MatMulNBits accuracy {level}")
+    engine = _run_worker(
+        what_if_engine_spec(artifact, built["digest"], level), tmp, BUILD_TIMEOUT_S
+    )
+    if engine["ok"]:
+        load = {"artifact": artifact, "engine_file": engine["engine_file"]}
+        result = _decode(model, "ingot-ort", load, tokens, tmp)
+        graphs = {"onnxruntime_optimized": graph_summary(Path(engine["engine_file"]))}
+    else:
+        result, graphs = {"ok": False, "error": f"engine build failed: {engine['error']}"}, None
+    what_if = _case(model, "ingot-ort", variant, result, traffic)
+    what_if |= {"what_if": f"matmul_accuracy_level={level}", "engine_build": engine}
+    return [case, what_if | {"graphs": graphs}]
 
 
 def _decode(model: BenchModel, engine: str, load: dict, tokens: int, tmp: Path) -> dict:
@@ -115,59 +146,14 @@ def _decode(model: BenchModel, engine: str, load: dict, tokens: int, tmp: Path) 
         "tokens": tokens,
         "warmup_tokens": min(WARMUP_TOKENS, tokens),
         "runs": RUNS,
+        "budget_s": DECODE_BUDGET_S,
+        "reduced_budget_s": REDUCED_BUDGET_S,
     }
-    return _run_worker(spec, tmp, DECODE_TIMEOUT_S)
-
-
-def _build(
-    model: BenchModel, variant: str, layers: WeightFormat, lm_head: WeightFormat, tmp: Path
-) -> dict:
-    """Build (or fetch from the benchmark's stage cache) the artifact of one variant."""
-    _log(f"model {model.name}: building ingot artifact {variant}")
-    recipe = tmp / f"{model.name}-{variant}.yaml"
-    recipe.write_text(json.dumps(_recipe(model, variant, layers, lm_head), indent=2))
-    spec = {
-        "kind": "build",
-        "recipe": str(recipe),
-        "out": str(bench_cache_dir() / "artifacts" / f"{model.name}-{variant}"),
-        "cache": str(bench_cache_dir() / "stage-cache"),
-    }
-    result = _run_worker(spec, tmp, BUILD_TIMEOUT_S)
-    result["recipe"] = json.loads(recipe.read_text())
+    load_before = os.getloadavg()[0]
+    result = _run_worker(spec, tmp, DECODE_TIMEOUT_S)
+    # Other processes on the host slow every engine: record how busy it was.
+    result["loadavg_1min"] = {"before": load_before, "after": os.getloadavg()[0]}
     return result
-
-
-def _recipe(model: BenchModel, variant: str, layers: WeightFormat, lm_head: WeightFormat) -> dict:
-    quantize = [_quantize_entry(layers, ["re:layers\\..*"])]
-    if lm_head.bits is not None:
-        quantize.append(_quantize_entry(lm_head, ["lm_head"]))
-    else:
-        quantize[0]["ignore"] = ["lm_head"]
-    return {  # JSON is YAML: the recipe loader reads it as is
-        "source": {"path": str(model.path)},
-        "quantize": quantize,
-        "kv_cache": {"dtype": "fp32", "block_size": KV_BLOCK_SIZE},
-        "export": {"max_seq_len": MAX_SEQ_LEN},
-        "targets": [
-            {
-                "engine": "onnxruntime",
-                "device": "cpu",
-                "optimization_level": "all",
-                "intra_op_num_threads": THREADS,
-            }
-        ],
-        "artifact": {"name": f"bench-{model.name}-{variant}", "version": "0.0.0"},
-    }
-
-
-def _quantize_entry(fmt: WeightFormat, targets: list[str]) -> dict:
-    return {
-        "method": "rtn",
-        "bits": fmt.bits,
-        "group_size": fmt.group_size,
-        "symmetric": fmt.symmetric,
-        "targets": targets,
-    }
 
 
 def _run_worker(spec: dict, tmp: Path, timeout_s: float) -> dict:
@@ -196,6 +182,7 @@ def _case(
         "model": model.name,
         "engine": engine,
         "variant": variant,
+        "what_if": None,
         "prompt_tokens": len(model.prompt_ids),
         "bytes_per_token": traffic,
         **result,
@@ -214,31 +201,8 @@ def _compare_tokens(cases: list[dict[str, Any]]) -> None:
             if a != b:
                 break
             same += 1
-        case["tokens_match_ir"] = {"leading_identical": same, "of": len(reference["tokens"])}
-
-
-def _graph_summary(artifact: str | None) -> dict[str, Any] | None:
-    """Op types of the exported graph and of the graph ORT optimized at build time."""
-    if artifact is None:
-        return None
-    import onnx
-
-    root = Path(artifact)
-    summary = {}
-    for name, path in (
-        ("exported", root / "model.onnx"),
-        ("onnxruntime_optimized", root / "engines" / "onnxruntime-cpu" / "model.onnx"),
-    ):
-        if not path.is_file():
-            summary[name] = None
-            continue
-        graph = onnx.load(str(path), load_external_data=False).graph
-        dtypes = Counter(onnx.TensorProto.DataType.Name(t.data_type) for t in graph.initializer)
-        summary[name] = {
-            "op_types": dict(sorted(Counter(n.op_type for n in graph.node).items())),
-            "initializer_dtypes": dict(sorted(dtypes.items())),
-        }
-    return summary
+        compared = min(len(case["tokens"]), len(reference["tokens"]))
+        case["tokens_match_ir"] = {"leading_identical": same, "of": compared}
 
 
 def _report(
@@ -258,6 +222,9 @@ def _report(
             "new_tokens": tokens,
             "warmup_tokens": min(WARMUP_TOKENS, tokens),
             "runs": RUNS,
+            "decode_budget_s": DECODE_BUDGET_S,
+            "reduced_budget_s": REDUCED_BUDGET_S,
+            "ort_variants": args.variants.split(","),
             "statistic": "median",
             "threads": THREADS,
             "export_max_seq_len": MAX_SEQ_LEN,
@@ -276,8 +243,29 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated model names")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per run")
     parser.add_argument("--quick", action="store_true", help="pydoc-16m only, 32 tokens")
+    parser.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"ingot ONNX Runtime variants (known: {', '.join(ORT_VARIANTS)})",
+    )
+    parser.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="first wait up to this long for the 1-min load average to drop below 1",
+    )
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     return parser.parse_args(argv)
+
+
+def _wait_idle(limit_s: float) -> float:
+    """Wait (up to limit_s) until other work leaves the CPU: the engines need both cores."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < limit_s and os.getloadavg()[0] >= 1.0:
+        _log(f"waiting for an idle host (1-min load {os.getloadavg()[0]:.1f})")
+        time.sleep(30)
+    return time.perf_counter() - started
 
 
 def _log(message: str) -> None:

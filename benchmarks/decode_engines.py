@@ -92,10 +92,19 @@ def load_ir(path: str, threads: int, **_: Any) -> Runner:
     return run
 
 
-def load_ingot_runtime(artifact: str, **_: Any) -> Runner:
+def load_ingot_runtime(artifact: str, engine_file: str | None = None, **_: Any) -> Runner:
     from ingot.runtime import LoadedModel, SamplingParams
 
-    generator = LoadedModel.load(artifact).generator()
+    loaded = LoadedModel.load(artifact)
+    if engine_file is not None:
+        # What-if: the same artifact (pool, tokenizer, interface) over another engine file.
+        # The artifact's own session is dropped first, but it counts in the peak RSS.
+        from ingot.runtime.session import EngineSession
+
+        options = loaded.engine.session_options
+        loaded.session = None
+        loaded.session = EngineSession(engine_file, loaded.pool, options)
+    generator = loaded.generator()
 
     def run(prompt: Sequence[int], n: int) -> tuple[list[int], float, list[float]]:
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
@@ -144,12 +153,32 @@ def run_decode(spec: dict[str, Any]) -> dict[str, Any]:
     runner = ENGINES[spec["engine"]](**spec["load"])
     load_s = time.perf_counter() - started
     prompt = spec["prompt_ids"]
-    _timed_run(runner, prompt, spec["warmup_tokens"])  # page in weights, warm allocators
+    # Warm-up: pages in every weight (each step reads all of them), warms the allocators.
+    _, warmup = _timed_run(runner, prompt, spec["warmup_tokens"])
+    runs_n, tokens_n, reduced = _fit_budget(spec, warmup["tokens_per_s"])
     runs, tokens = [], []
-    for _ in range(spec["runs"]):
-        tokens, run = _timed_run(runner, prompt, spec["tokens"])
+    for _ in range(runs_n):
+        tokens, run = _timed_run(runner, prompt, tokens_n)
         runs.append(run)
-    return {"load_s": load_s, "runs": runs, **summarize_runs(runs), "tokens": tokens}
+    result = {"load_s": load_s, "warmup": warmup, "runs": runs, "tokens": tokens}
+    return result | summarize_runs(runs) | {"reduced": reduced}
+
+
+def _fit_budget(spec: dict[str, Any], rate: float) -> tuple[int, int, dict | None]:
+    """Runs and tokens per run that fit the case's time budget at the warm-up's rate.
+
+    An engine too slow for the full protocol gets one shorter run, flagged in the report,
+    rather than a timeout that would leave no number at all.
+    """
+    runs, tokens, budget = spec["runs"], spec["tokens"], spec["budget_s"]
+    if runs * (tokens - 1) / rate <= budget:
+        return runs, tokens, None
+    short = max(spec["warmup_tokens"], min(tokens, int(spec["reduced_budget_s"] * rate) + 1))
+    reason = (
+        f"warm-up decoded {rate:.2f} tok/s: {runs} x {tokens} tokens would take "
+        f"{runs * (tokens - 1) / rate:.0f} s > budget {budget:.0f} s"
+    )
+    return 1, short, {"runs": 1, "tokens": short, "reason": reason}
 
 
 def run_build(spec: dict[str, Any]) -> dict[str, Any]:
@@ -161,9 +190,36 @@ def run_build(spec: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - started, **result.to_json()}
 
 
+def run_engine_build(spec: dict[str, Any]) -> dict[str, Any]:
+    """An ORT engine for an exported graph, outside any artifact (the what-if rows)."""
+    from ingot.pipeline.engines.onnxruntime import build_onnxruntime_engine
+
+    out = Path(spec["out"])
+    started = time.perf_counter()
+    cached = (out / "engine.json").is_file()
+    if not cached:
+        record = build_onnxruntime_engine(
+            Path(spec["onnx"]),
+            out,
+            optimization_level=spec["optimization_level"],
+            intra_op_num_threads=spec["intra_op_num_threads"],
+            matmul_accuracy_level=spec["matmul_accuracy_level"],
+        )
+        (out / "engine.json").write_text(json.dumps(record, indent=2))  # written last: complete
+    return {
+        "engine_file": str(out / "model.onnx"),
+        "cached": cached,
+        "seconds": time.perf_counter() - started,
+        "record": json.loads((out / "engine.json").read_text()),
+    }
+
+
+_KINDS = {"decode": run_decode, "build": run_build, "engine": run_engine_build}
+
+
 def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     try:
-        result = run_build(spec) if spec["kind"] == "build" else run_decode(spec)
+        result = _KINDS[spec["kind"]](spec)
         result["ok"] = True
     except Exception as e:  # recorded in the report, never dropped
         result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": _tail(e)}

@@ -3,6 +3,9 @@
     from ingot import build
     result = build("recipes/demo.yaml")
 
+    from ingot import LLM, SamplingParams
+    outputs = LLM("out/demo").generate(["The os module"], SamplingParams(max_tokens=32))
+
 Names resolve lazily so that the runtime install (no torch) can ``import ingot``.
 """
 
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["build"]
+__all__ = ["LLM", "SamplingParams", "build"]
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +21,12 @@ def __getattr__(name: str) -> Any:
         from ingot.pipeline.build import build
 
         return build
+    if name == "LLM":
+        from ingot.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from ingot.runtime.sampling import SamplingParams
+
+        return SamplingParams
     raise AttributeError(f"module 'ingot' has no attribute {name!r}")

@@ -55,7 +55,7 @@ def build(recipe_path: str, out: str | None, cache_dir: str | None, as_json: boo
     click.echo(f"digest    {result.digest}")
     for run in result.stages:
         state = "cached" if run.cached else "built"
-        click.echo(f"  {run.stage:<24} {state:<7} {run.seconds:7.2f}s")
+        click.echo(f"  {run.stage:<28} {state:<7} {run.seconds:7.2f}s")
 
 
 def _is_user_error(e: Exception) -> bool:
@@ -105,15 +105,23 @@ def inspect(artifact: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
-def verify(artifact: str) -> None:
+@click.option(
+    "--verify-key", type=click.Path(exists=True, dir_okay=False), default=None,
+    help="PEM public key: also require model.sig to be a valid signature by it.",
+)  # fmt: skip
+def verify(artifact: str, verify_key: str | None) -> None:
     """Check every file of an artifact against its manifest (exit 1 on any mismatch)."""
     from ingot.artifacts import ArtifactError, manifest_digest, verify_artifact
+    from ingot.artifacts.signing import verify_signature
 
     try:
+        if verify_key is not None:
+            verify_signature(Path(artifact), verify_key)
         manifest = verify_artifact(Path(artifact))
     except ArtifactError as e:
         _fail(str(e))
-    click.echo(f"ok  {manifest.name} {manifest.version}  {manifest_digest(Path(artifact))}")
+    signed = "  signature ok" if verify_key is not None else ""
+    click.echo(f"ok  {manifest.name} {manifest.version}  {manifest_digest(Path(artifact))}{signed}")
 
 
 @main.command()
@@ -172,3 +180,12 @@ def generate(
 
 # Commands that live in their own modules register themselves here (one line each), so the
 # CLI's file stays short: ingot/cli_<topic>.py defines `register(main)`.
+from ingot.cli_serve import register as _register_serve  # noqa: E402
+
+_register_serve(main)
+from ingot.cli_registry import register as _register_registry  # noqa: E402
+
+_register_registry(main)
+from ingot.cli_plan import register as _register_plan  # noqa: E402
+
+_register_plan(main)

@@ -12,11 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from .cache import StageCache, directory_digest, stage_key
+from .evaluate import check_perplexity_gate, perplexity_summary
+from .evaluate.windows import EvalWindows, eval_windows
+from .interop import write_interop
 from .model.config import ModelConfig
-from .recipe import Recipe, load_recipe
+from .recipe import Recipe, RecipeError, load_recipe
 from .recipe_checks import check_recipe_against_model
 from .source import ResolvedSource, resolve_source
+from .stages.calibrate import prepare_calibration
 from .stages.engine import engine_name, run_engine
+from .stages.evaluate import run_evaluate
 from .stages.export import run_export
 from .stages.package import run_package
 from .stages.quantize import run_quantize
@@ -68,30 +73,30 @@ def build(
     recipe = load_recipe(recipe_path)
     source = resolve_source(recipe.stage_slice("source")["source"])
     check_recipe_against_model(recipe, source.hf_config)
+    sign_key = _sign_key(recipe, recipe_path)  # a missing key fails before any stage runs
     model_cfg = ModelConfig.from_hf(source.hf_config)
+    evaluation = eval_windows(recipe, recipe_path, source.path)  # unreadable data fails here
+    calibration = prepare_calibration(recipe, recipe_path, source.path, model_cfg)  # and here
     cache = cache or StageCache()
     versions = tool_versions()
     runs: list[StageRun] = []
     report = on_stage or (lambda stage, event: None)
 
-    def stage(name: str, slice_: Any, inputs: dict[str, str], produce) -> tuple[Path, str]:
+    def stage(
+        name: str, slice_: Any, inputs: dict[str, str], produce, resumable: bool = False
+    ) -> tuple[Path, str]:
         key = stage_key(name.split(":")[0], slice_, inputs, versions)
         report(name, "start")
         started = time.perf_counter()
         hit = cache.get(name.split(":")[0], key)
-        path = hit or cache.put(name.split(":")[0], key, produce)
+        path = hit or cache.put(name.split(":")[0], key, produce, resumable=resumable)
         digest, _ = directory_digest(path)
         runs.append(StageRun(name, key, hit is not None, time.perf_counter() - started, digest))
         report(name, "cached" if hit else "done")
         return path, digest
 
     source_digest = _source_digest(source)
-    q_dir, q_digest = stage(
-        "quantize",
-        recipe.stage_slice("quantize"),
-        {"source": source_digest},
-        lambda tmp: run_quantize(source.path, recipe.stage_slice("quantize")["quantize"], tmp),
-    )
+    q_dir, q_digest = _quantize(stage, recipe, source.path, source_digest, calibration)
     export_slice = recipe.stage_slice("export")
     x_dir, x_digest = stage(
         "export",
@@ -113,8 +118,30 @@ def build(
         record = json.loads((e_dir / "engine.json").read_text())
         records.append(record)
 
+    extra_dirs: dict[str, Path] = {}  # artifact directory -> stage output copied into it
+    for fmt in recipe.stage_slice("interop")["interop"]:
+        i_dir, _ = stage(
+            f"interop:{fmt}",
+            {"interop": fmt},
+            {"quantize": q_digest, "source": source_digest},
+            lambda tmp, fmt=fmt: write_interop(fmt, q_dir, source.path, tmp),
+        )
+        extra_dirs[f"interop/{fmt}"] = i_dir
+    eval_fields = {}
+    if evaluation is not None:
+        e_dir = _evaluate(stage, evaluation, source.path, q_dir, q_digest, source_digest)
+        measured = json.loads((e_dir / "report.json").read_text())
+        # The gate runs before packaging: the previous artifact and every cached stage stay.
+        check_perplexity_gate(measured, evaluation.spec["max_delta"])
+        eval_fields["perplexity"] = perplexity_summary(measured, evaluation.spec["max_delta"])
+        extra_dirs["eval"] = e_dir
+
     out_dir = Path(out) if out else Path("out") / recipe.artifact.name
     lock = _lock(recipe_path, source, runs, versions)
+    if calibration is not None:
+        lock["calibration"] = calibration.lock_entry
+    if evaluation is not None:
+        lock["eval_dataset"] = {"dataset": evaluation.spec["dataset"], "text": evaluation.digest}
     report("package", "start")
     started = time.perf_counter()
     _, digest = run_package(
@@ -123,11 +150,79 @@ def build(
         export_dir=x_dir,
         engine_dirs=engine_dirs,
         lock=lock,
-        manifest_fields=_manifest_fields(recipe, recipe_path, model_cfg, q_dir, x_dir, records),
+        manifest_fields={
+            **_manifest_fields(recipe, recipe_path, model_cfg, q_dir, x_dir, records),
+            **_eval_and_interop_fields(x_dir, eval_fields, extra_dirs),
+        },
+        extra_dirs=extra_dirs,
+        sign_key=sign_key,
     )
     runs.append(StageRun("package", "", False, time.perf_counter() - started, digest))
     report("package", "done")
     return BuildResult(out_dir, digest, runs)
+
+
+def _quantize(stage, recipe: Recipe, source_path: Path, source_digest: str, calibration):
+    """The quantize stage, after a calibrate stage when a GPTQ / AWQ entry needs one."""
+    specs = recipe.stage_slice("quantize")["quantize"]
+    if calibration is None:
+        return stage(
+            "quantize",
+            recipe.stage_slice("quantize"),
+            {"source": source_digest},
+            lambda tmp: run_quantize(source_path, specs, tmp),
+        )
+    data = {"source": source_digest, "dataset": calibration.calibration.dataset_digest}
+    c_dir, c_digest = stage("calibrate", calibration.key_slice, data, calibration.save)
+    return stage(
+        "quantize",
+        {**recipe.stage_slice("quantize"), "calibration": calibration.key_slice},
+        {**data, "calibrate": c_digest},
+        lambda tmp, work: run_quantize(
+            source_path, specs, tmp, calibration_dir=c_dir, work_dir=work
+        ),
+        resumable=True,
+    )
+
+
+def _evaluate(stage, evaluation: EvalWindows, source_path, q_dir, q_digest, source_digest) -> Path:
+    # max_delta is left out of the key: changing the gate re-judges, it does not re-measure.
+    spec = {k: v for k, v in evaluation.spec.items() if k != "max_delta"}
+    e_dir, _ = stage(
+        "evaluate",
+        {"perplexity": spec},
+        {"quantize": q_digest, "source": source_digest, "dataset": evaluation.digest},
+        lambda tmp: run_evaluate(
+            source_path, q_dir, evaluation.windows, spec, evaluation.digest, tmp
+        ),
+    )
+    return e_dir
+
+
+def _eval_and_interop_fields(x_dir: Path, eval_fields: dict, extra_dirs: dict) -> dict:
+    check = json.loads((x_dir / "check.json").read_text())
+    interop = [
+        {
+            "format": rel.removeprefix("interop/"),
+            "path": rel,
+            "quantization_config": json.loads((d / "config.json").read_text())[
+                "quantization_config"
+            ],
+        }
+        for rel, d in extra_dirs.items()
+        if rel.startswith("interop/")
+    ]
+    return {"eval": {"export_check": check, **eval_fields}, "interop": interop}
+
+
+def _sign_key(recipe: Recipe, recipe_path: Path) -> Path | None:
+    """artifact.sign.key, resolved against the recipe's directory like source.path."""
+    if recipe.artifact.sign is None:
+        return None
+    key = recipe_path.absolute().parent / Path(recipe.artifact.sign.key).expanduser()
+    if not key.is_file():
+        raise RecipeError([f"{recipe_path}: artifact.sign.key: {key}: no such key file"])
+    return key
 
 
 def _source_digest(source: ResolvedSource) -> str:

@@ -2,6 +2,8 @@
 
     <root>/stages/<stage>/<key>/          finished outputs (never modified after the rename)
     <root>/stages/<stage>/.tmp-<key>-<pid>  work in progress; renamed into place on success
+    <root>/stages/<stage>/.work-<key>/      a resumable stage's checkpoints; they survive a crash
+                                            (same key: same work) and go once the entry exists
 
 A failed or interrupted stage leaves only a temp directory behind, never a half-written entry,
 so the cache and earlier artifacts stay intact.
@@ -58,19 +60,37 @@ class StageCache:
         entry = self.path(stage, key)
         return entry if (entry / ".complete").exists() else None
 
-    def put(self, stage: str, key: str, produce: Callable[[Path], None]) -> Path:
-        """Run ``produce(tmp_dir)`` and move its output into the cache atomically."""
+    def work_dir(self, stage: str, key: str) -> Path:
+        """A stable directory for ``stage``'s checkpoints under ``key``, kept across crashes."""
+        work = self.path(stage, key).with_name(f".work-{key}")
+        work.mkdir(parents=True, exist_ok=True)
+        return work
+
+    def put(
+        self, stage: str, key: str, produce: Callable[..., None], *, resumable: bool = False
+    ) -> Path:
+        """Run ``produce(tmp_dir)`` and move its output into the cache atomically.
+
+        A ``resumable`` stage is called as ``produce(tmp_dir, work_dir)``: what it checkpoints
+        in ``work_dir`` is there again when a crashed run is repeated, and is removed once the
+        entry is in place.
+        """
         final = self.path(stage, key)
         tmp = final.parent / f".tmp-{key}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
-            produce(tmp)
+            if resumable:
+                produce(tmp, self.work_dir(stage, key))
+            else:
+                produce(tmp)
             (tmp / ".complete").write_text("")
             if final.exists():  # a concurrent build won the race with the same outputs
                 shutil.rmtree(tmp)
             else:
                 os.replace(tmp, final)
+            if resumable:
+                shutil.rmtree(final.with_name(f".work-{key}"), ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -21,6 +21,9 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -28,12 +31,19 @@ from .recipe_errors import RecipeError, format_validation_error
 
 __all__ = [
     "Artifact",
+    "ArtifactSign",
+    "AwqQuantize",
+    "CALIBRATED_METHODS",
     "Calibration",
+    "Evaluate",
     "Export",
+    "GptqQuantize",
     "HubSource",
+    "InteropFormat",
     "KvCache",
     "LocalSource",
     "OnnxRuntimeTarget",
+    "Perplexity",
     "Recipe",
     "RecipeError",
     "Quantize",
@@ -165,9 +175,82 @@ class RtnQuantize(_Strict):
     )
 
 
-# One member today; GPTQ / AWQ join as `RtnQuantize | GptqQuantize | ...`. Discriminating
-# already now makes an unknown method fail with the list of known ones.
-Quantize = Annotated[RtnQuantize, Field(discriminator="method")]
+class GptqQuantize(_Strict):
+    """GPTQ: rounds column by column, each column's error absorbed by the columns not yet
+    quantized (weighted by the inverse Hessian of the calibration inputs). Needs `calibration`."""
+
+    method: Literal["gptq"] = Field(description="Quantization algorithm.")
+    bits: Literal[4, 8] = Field(description="Bits per weight.")
+    group_size: Literal[32, 64, 128, -1] = Field(
+        description="Input channels sharing one scale; -1 = one scale per output channel.",
+    )
+    symmetric: bool = Field(
+        default=True, description="Symmetric (zero point 0) or asymmetric (with zero points)."
+    )
+    targets: list[ModulePattern] = Field(
+        default=["re:.*"], min_length=1, description=RtnQuantize.model_fields["targets"].description
+    )
+    ignore: list[ModulePattern] = Field(
+        default=["lm_head"], description=RtnQuantize.model_fields["ignore"].description
+    )
+    actorder: bool = Field(
+        default=True,
+        description="Visit input channels in order of decreasing activation energy (diag of "
+        "the Hessian). Needs static_groups (except per channel) so groups stay contiguous and "
+        "the export needs no permutation.",
+    )
+    static_groups: bool = Field(
+        default=True,
+        description="Compute each group's scale and zero point from the original weights up "
+        "front (contiguous channels) rather than when GPTQ reaches the group.",
+    )
+    dampening_frac: float = Field(
+        default=0.01,
+        gt=0,
+        lt=1,
+        description="Added to the Hessian's diagonal, as a fraction of its mean.",
+    )
+    block_size: int = Field(
+        default=128, ge=1, le=4096, description="Columns per lazy batch update."
+    )
+
+    @field_validator("static_groups")
+    @classmethod
+    def _static_groups_with_actorder(cls, value: bool, info: ValidationInfo) -> bool:
+        if not value and info.data.get("actorder") and info.data.get("group_size") != -1:
+            raise PydanticCustomError(
+                "actorder_dynamic_groups",
+                "actorder with dynamic groups scatters each group over the input channels "
+                "(a g_idx) that the ONNX export cannot represent; keep static_groups: true "
+                "(act order without the run-time cost) or set actorder: false",
+            )
+        return value
+
+
+class AwqQuantize(_Strict):
+    """AWQ: per-channel scales from activation magnitudes, folded into the preceding norm or
+    linear, plus a clipping search; W4 weight-only. Needs `calibration`."""
+
+    method: Literal["awq"] = Field(description="Quantization algorithm.")
+    bits: Literal[4] = Field(description="Bits per weight.")
+    group_size: Literal[32, 64, 128, -1] = Field(
+        description="Input channels sharing one scale; -1 = one scale per output channel.",
+    )
+    symmetric: bool = Field(
+        default=False,
+        description="Symmetric (zero point 0) or asymmetric (with zero points, AWQ's usual).",
+    )
+    targets: list[ModulePattern] = Field(
+        default=["re:.*"], min_length=1, description=RtnQuantize.model_fields["targets"].description
+    )
+    ignore: list[ModulePattern] = Field(
+        default=["lm_head"], description=RtnQuantize.model_fields["ignore"].description
+    )
+
+
+# Discriminated by `method`: an unknown method fails with the list of known ones.
+Quantize = Annotated[RtnQuantize | GptqQuantize | AwqQuantize, Field(discriminator="method")]
+CALIBRATED_METHODS = ("gptq", "awq")
 
 
 # -- kv cache, export --------------------------------------------------------------------------
@@ -237,7 +320,71 @@ def _check_unique_targets(targets: list[OnnxRuntimeTarget]) -> list[OnnxRuntimeT
     return targets
 
 
+# -- evaluate, interop -------------------------------------------------------------------------
+
+
+class Perplexity(_Strict):
+    """Perplexity of the original and the quantized model on the same fixed token windows."""
+
+    dataset: str = Field(
+        min_length=1,
+        description="Local .txt / .jsonl / .parquet / .arrow file (relative to the recipe file) "
+        "or a Hub dataset id. Documents are joined with blank lines and tokenized with the "
+        "checkpoint's tokenizer.json (no special tokens).",
+    )
+    split: str = Field(default="train", min_length=1, description="Split of a Hub dataset.")
+    text_field: str = Field(
+        default="text", min_length=1, description="Column (or JSON key) holding the text."
+    )
+    seq_len: int = Field(
+        default=256,
+        ge=16,
+        description="Tokens per window. Windows are consecutive and non-overlapping; each is "
+        "scored on its seq_len - 1 next-token predictions.",
+    )
+    max_windows: int | None = Field(
+        default=None, gt=0, description="Evaluate only the first N windows (None: all)."
+    )
+    max_delta: float | None = Field(
+        default=None,
+        ge=0,
+        description="Gate: fail the build (before packaging) when quantized minus original "
+        "perplexity exceeds this. None: report only.",
+    )
+
+
+class Evaluate(_Strict):
+    """Quality checks of the quantized model, reported in the artifact's eval/."""
+
+    perplexity: Perplexity | None = Field(
+        default=None, description="Perplexity before and after quantization."
+    )
+
+
+InteropFormat = Literal["gptq", "awq", "compressed-tensors"]
+
+
+def _check_unique_formats(formats: list[str]) -> list[str]:
+    repeated = sorted({f for f in formats if formats.count(f) > 1})
+    if repeated:
+        raise PydanticCustomError(
+            "duplicate_format", "{formats} listed more than once", {"formats": repeated}
+        )
+    return formats
+
+
 # -- artifact ----------------------------------------------------------------------------------
+
+
+class ArtifactSign(_Strict):
+    """Sign the artifact when it is packaged (sigstore model_signing, key-based, offline)."""
+
+    key: str = Field(
+        min_length=1,
+        description="PEM elliptic-curve private key (P-256/384/521); a relative path is "
+        "resolved against the recipe's directory. An encrypted key's password is read from "
+        "$INGOT_SIGNING_KEY_PASSWORD. manifest.json is signed into model.sig.",
+    )
 
 
 class Artifact(_Strict):
@@ -251,6 +398,9 @@ class Artifact(_Strict):
         default="0.1.0",
         pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$",
         description="Artifact version (a valid OCI tag).",
+    )
+    sign: ArtifactSign | None = Field(
+        default=None, description="Sign the artifact at package time (None: unsigned)."
     )
 
 
@@ -274,7 +424,31 @@ class Recipe(_Strict):
         min_length=1,
         description="Engines to build; the runtime picks the first one the host can run.",
     )
+    evaluate: Evaluate | None = Field(
+        default=None, description="Evaluation of the quantized model (report and gate)."
+    )
+    interop: Annotated[list[InteropFormat], AfterValidator(_check_unique_formats)] = Field(
+        default=[],
+        description="Extra checkpoints written to the artifact's interop/<format>/ for other "
+        "engines: GPTQ v1 (gptq), AWQ GEMM (awq), compressed-tensors pack-quantized.",
+    )
     artifact: Artifact = Field(description="Name and version of the result.")
+
+    @model_validator(mode="after")
+    def _calibration_for_calibrated_methods(self) -> Recipe:
+        needing = [
+            f"quantize.{i} (method {q.method})"
+            for i, q in enumerate(self.quantize)
+            if q.method in CALIBRATED_METHODS
+        ]
+        if needing and self.calibration is None:
+            raise PydanticCustomError(
+                "calibration_missing",
+                "calibration: required field missing: {needing} needs calibration data "
+                "(add a `calibration:` section with dataset, samples, seq_len)",
+                {"needing": ", ".join(needing)},
+            )
+        return self
 
     def stage_slice(self, stage: str) -> dict[str, Any]:
         """The JSON-able part of the recipe that build stage `stage` depends on (its cache key)."""
@@ -290,6 +464,8 @@ STAGES: dict[str, tuple[str, ...]] = {
     "quantize": ("quantize",),
     "export": ("export", "kv_cache"),
     "engine": ("targets",),
+    "interop": ("interop",),
+    "evaluate": ("evaluate",),
     "package": ("artifact",),
 }
 

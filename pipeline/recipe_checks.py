@@ -11,7 +11,7 @@ import functools
 import re
 from typing import Any, get_args
 
-from .recipe import Recipe, RtnQuantize
+from .recipe import CALIBRATED_METHODS, Recipe, RtnQuantize
 from .recipe_errors import RecipeError, format_problem
 
 __all__ = ["check_recipe_against_model", "linear_module_names", "module_selected"]
@@ -80,9 +80,17 @@ def check_recipe_against_model(
         if not chosen and not pattern_problems:
             problems.append(f"quantize.{index}: selects no module (its ignore covers its targets)")
         problems += _check_group_size(index, entry, chosen, model_config)
+        if entry.method in CALIBRATED_METHODS and "lm_head" in chosen:
+            problems.append(
+                f"quantize.{index}.ignore: {entry.method} quantizes decoder-layer linears only "
+                "and lm_head is selected (add lm_head to ignore, or quantize it with an rtn entry)"
+            )
         for module in chosen:
             selected_by.setdefault(module, []).append(index)
     problems += _check_overlaps(selected_by)
+    from .interop.checks import interop_problems  # here: interop.checks imports this module
+
+    problems += interop_problems(recipe, model_config)
 
     if problems:
         raise RecipeError([f"{recipe_file}: {p}" if recipe_file else p for p in problems])

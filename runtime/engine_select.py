@@ -8,10 +8,20 @@ from pathlib import Path
 
 from ingot.artifacts import EngineInfo, Manifest
 
-__all__ = ["HostInfo", "NoCompatibleEngine", "select_engine", "version_satisfies"]
+__all__ = [
+    "TENSORRT_REQUIREMENTS",
+    "HostInfo",
+    "NoCompatibleEngine",
+    "select_engine",
+    "version_satisfies",
+]
 
 _SPEC = re.compile(r"^\s*(>=|<=|==|!=|>|<)?\s*(\d+(?:\.\d+)*)\s*$")
 _KNOWN_ORT_REQUIREMENTS = {"onnxruntime", "cpu_isa"}
+# A TensorRT engine (a serialized plan) runs only with the TensorRT version that built it, a
+# compatible CUDA runtime and the GPU architecture it was tuned for, so its manifest entry
+# records all three, e.g. {"tensorrt": "==10.14.1", "cuda": ">=12.8", "compute_capability": "9.0"}.
+TENSORRT_REQUIREMENTS = ("tensorrt", "cuda", "compute_capability")
 
 
 class NoCompatibleEngine(RuntimeError):
@@ -126,6 +136,13 @@ def _onnxruntime_problems(engine: EngineInfo, host: HostInfo) -> list[str]:
     return problems
 
 
+def _tensorrt_problems(engine: EngineInfo, host: HostInfo) -> list[str]:
+    if host.tensorrt_problem:
+        return [host.tensorrt_problem]
+    missing = [key for key in TENSORRT_REQUIREMENTS if key not in engine.requires]
+    return [f"the manifest does not record {', '.join(missing)}"] if missing else []
+
+
 def select_engine(manifest: Manifest, host: HostInfo | None = None) -> tuple[EngineInfo, list[str]]:
     """The first engine in `manifest.engines` this host can run, and one line per skipped one."""
     if host is None:
@@ -135,7 +152,7 @@ def select_engine(manifest: Manifest, host: HostInfo | None = None) -> tuple[Eng
         if engine.engine == "onnxruntime":
             problems = _onnxruntime_problems(engine, host)
         elif engine.engine == "tensorrt":
-            problems = [host.tensorrt_problem] if host.tensorrt_problem else []
+            problems = _tensorrt_problems(engine, host)
         else:
             problems = [f"unknown engine kind {engine.engine!r}"]
         if not problems:

@@ -1,27 +1,30 @@
-"""The minimal iteration-level generation loop (a scheduler will replace `step`).
+"""The generation loop: the scheduler decides each step, the generator runs it and samples.
 
-Each step makes at most one decode-batch call (every running request feeds its last token)
-and one prefill call (waiting prompts admitted together, up to a token budget). Blocks are
-allocated per step as sequences grow; when the pool runs dry the newest running request is
-preempted (its blocks released) and later recomputed from its prompt and output so far.
+One step is at most one decode-batch call and one prefill-chunk call of the engine session
+(see scheduler.py for who gets which tokens). After each call the new keys and values are
+scattered into the pool, full blocks are offered to the prefix cache, and every sequence whose
+chunk completed it samples its next token, which is detokenized and checked against its stop
+conditions.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from ingot.runtime.batch import build_inputs
-from ingot.runtime.kv_pool import BlockTable, KVPool, OutOfBlocks
-from ingot.runtime.sampling import SamplingParams, make_rng, sample
+from ingot.runtime.kv_pool import KVPool, OutOfBlocks
+from ingot.runtime.outputs import Completion, EngineStats, StepOutput
+from ingot.runtime.sampling import SamplingParams, make_rng, sample, token_logprobs
+from ingot.runtime.scheduler import Chunk, Scheduler
+from ingot.runtime.scheduler import Sequence as Seq
 from ingot.runtime.tokenizer import IncrementalDecoder, TextTokenizer
 
-__all__ = ["Completion", "Generator", "GeneratorConfig", "StepOutput"]
+__all__ = ["Completion", "EngineStats", "Generator", "GeneratorConfig", "StepOutput"]
 
 
 class ModelRunner(Protocol):
@@ -43,41 +46,32 @@ class GeneratorConfig:
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
     max_num_seqs: int = 16  # running requests at once
-    max_num_batched_tokens: int = 2048  # padded prefill tokens per step (one prompt always fits)
+    max_num_batched_tokens: int = 2048  # tokens per step: decodes + the padded prefill chunk
+    enable_prefix_caching: bool = True
+    vocab_size: int | None = None  # prompt token ids are checked against it when known
 
 
-@dataclass(slots=True)
-class Completion:
-    request_id: int
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finish_reason: str  # "stop" | "length"
-
-
-class StepOutput(NamedTuple):
-    request_id: int
-    token: int
-    finished: bool
-    finish_reason: str | None
-
-
-@dataclass(slots=True, eq=False)  # identity: two requests are never "equal"
+@dataclass(slots=True, eq=False)
 class _Request:
-    id: int
-    prompt_ids: list[int]
+    seq: Seq
     params: SamplingParams
     rng: np.random.Generator
-    table: BlockTable
     decoder: IncrementalDecoder
-    output_ids: list[int] = field(default_factory=list)
+    hold: int  # characters held back: a stop string could be starting there
     text: str = ""
-    streamed: int = 0  # characters of `text` already handed to a stream
+    streamed: int = 0  # characters of `text` already handed out as deltas
     finish_reason: str | None = None
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.seq.token_ids[self.seq.num_prompt_tokens :]
 
 
 class Generator:
-    """Runs requests to completion over one session and one KV pool."""
+    """Runs requests to completion over one session and one KV pool (not thread-safe: one
+    thread calls every method)."""
 
     def __init__(
         self, session: ModelRunner, pool: KVPool, tokenizer: TextTokenizer, config: GeneratorConfig
@@ -92,14 +86,137 @@ class Generator:
         self.pool = pool
         self.tokenizer = tokenizer
         self.config = config
+        self.scheduler = Scheduler(
+            pool, config.max_num_seqs, config.max_num_batched_tokens, config.enable_prefix_caching
+        )
         self._ids = itertools.count()
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []  # in admission order; the last is preempted first
-        self._finished: dict[int, _Request] = {}
+        self._requests: dict[int, _Request] = {}  # unfinished
+        self._finished: dict[int, _Request] = {}  # until popped
 
-    def add(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> int:
-        """Queue a prompt; returns its request id."""
+    def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Refuse a request that cannot fit the context, in vLLM's words (a 400 to a server)."""
+        self._check_prompt(prompt_ids)
+        total = len(prompt_ids) + params.max_tokens
+        if total > self.config.max_seq_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.config.max_seq_len} tokens. "
+                f"However, you requested {total} tokens ({len(prompt_ids)} in the messages, "
+                f"{params.max_tokens} in the completion). Please reduce the length of the "
+                "messages or completion."
+            )
+
+    def add(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: int | None = None,
+    ) -> int:
+        """Queue a prompt; returns its request id. Generation stops at the context length."""
         prompt_ids = [int(t) for t in prompt_ids]
+        self._check_prompt(prompt_ids)
+        if request_id is None:
+            request_id = next(i for i in self._ids if not self._known(i))
+        elif self._known(request_id):
+            raise ValueError(f"request id {request_id} is already in use")
+        params = params or SamplingParams()
+        seq = Seq(request_id, prompt_ids, len(prompt_ids), self.pool.new_block_table())
+        self._requests[request_id] = _Request(
+            seq=seq,
+            params=params,
+            rng=make_rng(params.seed),
+            decoder=self.tokenizer.incremental_decoder(prompt_ids),
+            hold=max(map(len, params.stop), default=1) - 1,
+        )
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: int) -> None:
+        """Drop a request wherever it is, freeing its blocks (unknown ids are ignored)."""
+        req = self._requests.pop(request_id, None)
+        if req is not None:
+            self.scheduler.abort(req.seq)
+        self._finished.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def pop_completion(self, request_id: int) -> Completion:
+        """The result of a finished request (each is kept until popped)."""
+        req = self._finished.pop(request_id)
+        want = req.params.logprobs is not None
+        return Completion(
+            req.seq.id,
+            req.seq.token_ids[: req.seq.num_prompt_tokens],
+            req.output_ids,
+            req.text,
+            req.finish_reason,
+            req.logprobs if want else None,
+            req.top_logprobs if want else None,
+        )
+
+    def stats(self) -> EngineStats:
+        scheduler = self.scheduler
+        return EngineStats(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            kv_cache_usage=self.pool.allocator.num_used / self.pool.num_blocks,
+            num_preemptions=scheduler.num_preemptions,
+            prefix_cache_queries=scheduler.prefix_cache_queries,
+            prefix_cache_hits=scheduler.prefix_cache_hits,
+            num_blocks=self.pool.num_blocks,
+            block_size=self.pool.block_size,
+        )
+
+    def step(self) -> list[StepOutput]:
+        """One scheduled step: a token for every request whose computation completed.
+
+        A step that only advanced a chunked prefill returns no outputs.
+        """
+        plan = self.scheduler.schedule()
+        if not plan:
+            if self.has_unfinished():
+                raise OutOfBlocks("no request could be scheduled: the KV pool is held elsewhere")
+            return []
+        outputs = self._run(plan.decode) if plan.decode else []
+        return outputs + (self._run(plan.prefill) if plan.prefill else [])
+
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Completion]:
+        """Run `prompts` (text or token ids) together to completion, in order; `params` is
+        one for all or one per prompt."""
+        per_prompt = params if isinstance(params, Sequence) else [params] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise ValueError(f"{len(per_prompt)} sampling params for {len(prompts)} prompts")
+        ids = [self.add(self._prompt_ids(p), q) for p, q in zip(prompts, per_prompt, strict=True)]
+        try:
+            while any(i in self._requests for i in ids):
+                self.step()
+        except BaseException:
+            for i in ids:
+                self.abort(i)
+            raise
+        return [self.pop_completion(i) for i in ids]
+
+    def stream(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None
+    ) -> Iterator[str]:
+        """Text deltas of one request as they are decided."""
+        rid = self.add(self._prompt_ids(prompt), params)
+        try:
+            while rid in self._requests:
+                for out in self.step():
+                    if out.request_id == rid and out.text_delta:
+                        yield out.text_delta
+        finally:
+            self.abort(rid)  # a finished request is only dropped; an abandoned one is freed
+
+    def _known(self, request_id: int) -> bool:
+        return request_id in self._requests or request_id in self._finished
+
+    def _check_prompt(self, prompt_ids: Sequence[int]) -> None:
         if not prompt_ids:
             raise ValueError("prompt is empty")
         if len(prompt_ids) >= self.config.max_seq_len:
@@ -107,126 +224,15 @@ class Generator:
                 f"prompt has {len(prompt_ids)} tokens; max_seq_len {self.config.max_seq_len} "
                 "leaves no room to generate"
             )
-        params = params or SamplingParams()
-        req = _Request(
-            id=next(self._ids),
-            prompt_ids=prompt_ids,
-            params=params,
-            rng=make_rng(params.seed),
-            table=self.pool.new_block_table(),
-            decoder=self.tokenizer.incremental_decoder(prompt_ids),
-        )
-        self._waiting.append(req)
-        return req.id
-
-    def abort(self, request_id: int) -> None:
-        """Drop a request wherever it is, freeing its blocks."""
-        for req in [*self._waiting, *self._running]:
-            if req.id == request_id:
-                req.table.release()
-                if req in self._running:
-                    self._running.remove(req)
-                else:
-                    self._waiting.remove(req)
-        self._finished.pop(request_id, None)
-
-    def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running)
-
-    def pop_completion(self, request_id: int) -> Completion:
-        """The result of a finished request (each is kept until popped)."""
-        req = self._finished.pop(request_id)
-        return Completion(req.id, req.prompt_ids, req.output_ids, req.text, req.finish_reason)
-
-    def step(self) -> list[StepOutput]:
-        """One decode-batch call for running requests, one prefill call for waiting ones."""
-        outputs = self._decode() if self._running else []
-        if self._waiting and len(self._running) < self.config.max_num_seqs:
-            outputs += self._prefill()
-        if not outputs and self.has_unfinished():
-            raise OutOfBlocks("no request could be scheduled: the KV pool is held elsewhere")
-        return outputs
-
-    def generate(
-        self, prompts: Sequence[str] | Sequence[Sequence[int]], params: SamplingParams | None = None
-    ) -> list[Completion]:
-        """Run `prompts` (text or token ids) together to completion, in order."""
-        ids = [self.add(self._prompt_ids(p), params) for p in prompts]
-        while any(i not in self._finished for i in ids):
-            self.step()
-        return [self.pop_completion(i) for i in ids]
-
-    def stream(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None
-    ) -> Iterator[str]:
-        """Text deltas of one request as they are generated."""
-        rid = self.add(self._prompt_ids(prompt), params)
-        req = self._find(rid)
-        try:
-            while req.finish_reason is None:
-                self.step()
-                # Hold back what could be the start of a stop string until it is decided.
-                hold = 0 if req.finish_reason else max(map(len, req.params.stop), default=1) - 1
-                end = max(req.streamed, len(req.text) - hold)
-                if end > req.streamed:
-                    yield req.text[req.streamed : end]
-                    req.streamed = end
-        finally:
-            self.abort(rid)  # a finished request is only dropped; an abandoned one is freed
+        vocab = self.config.vocab_size
+        if vocab is not None and not all(0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
-    def _find(self, request_id: int) -> _Request:
-        return next(r for r in [*self._waiting, *self._running] if r.id == request_id)
-
-    def _decode(self) -> list[StepOutput]:
-        batch = []  # (request, new token ids, start position)
-        for req in list(self._running):
-            if req not in self._running:  # preempted below to make room for an earlier one
-                continue
-            start = req.table.num_tokens
-            # Make room by preempting the newest requests, possibly this one itself.
-            while req in self._running and not self._try_allocate(req, 1):
-                self._preempt(self._running[-1])
-            if req in self._running:
-                batch.append((req, [req.output_ids[-1]], start))
-        return self._run(batch) if batch else []
-
-    def _prefill(self) -> list[StepOutput]:
-        batch = []
-        longest = 0
-        while self._waiting and len(self._running) + len(batch) < self.config.max_num_seqs:
-            req = self._waiting[0]
-            ids = req.prompt_ids + req.output_ids  # output too when recomputing a preempted one
-            longest_if_added = max(longest, len(ids))
-            padded = (len(batch) + 1) * longest_if_added
-            if batch and padded > self.config.max_num_batched_tokens:
-                break
-            if not self._try_allocate(req, len(ids)):
-                break  # wait for running requests to finish and free blocks
-            self._waiting.popleft()
-            batch.append((req, ids, 0))
-            longest = longest_if_added
-        self._running += [req for req, _, _ in batch]
-        return self._run(batch) if batch else []
-
-    def _try_allocate(self, req: _Request, n_new: int) -> bool:
-        try:
-            req.table.slots_for(n_new)
-        except OutOfBlocks:
-            return False
-        return True
-
-    def _preempt(self, req: _Request) -> None:
-        if len(self._running) == 1:  # __init__ guarantees a lone request always fits
-            raise OutOfBlocks("a single request does not fit in the KV pool")
-        req.table.release()
-        self._running.remove(req)
-        self._waiting.appendleft(req)
-
-    def _run(self, batch: list[tuple[_Request, list[int], int]]) -> list[StepOutput]:
-        seqs = [(req.table, ids, start) for req, ids, start in batch]
+    def _run(self, chunks: list[Chunk]) -> list[StepOutput]:
+        seqs = [(c.seq.table, c.token_ids, c.start) for c in chunks]
         inputs = build_inputs(seqs, self.config.sliding_window)
         logits, new_kv = self.session.run(
             inputs.input_ids,
@@ -237,27 +243,44 @@ class Generator:
         )
         inputs.write_kv(self.pool, new_kv)
         last = inputs.last_logits(logits)  # [S, V]
-        tokens = [sample(last[s], req.params, req.rng) for s, (req, _, _) in enumerate(batch)]
-        return [self._append(req, token) for (req, _, _), token in zip(batch, tokens, strict=True)]
+        outputs = []
+        for s, chunk in enumerate(chunks):
+            self.scheduler.cache_computed_blocks(chunk.seq)
+            if chunk.completes:  # else a prefill chunk that is not the prompt's last
+                outputs.append(self._append(self._requests[chunk.seq.id], last[s]))
+        return outputs
 
-    def _append(self, req: _Request, token: int) -> StepOutput:
-        req.output_ids.append(token)
+    def _append(self, req: _Request, logits: np.ndarray) -> StepOutput:
         params = req.params
+        token = sample(logits, params, req.rng)
+        logprob = top = None
+        if params.logprobs is not None:
+            logprob, top = token_logprobs(logits, token, params.logprobs)
+            req.logprobs.append(logprob)
+            req.top_logprobs.append(top)
+        req.seq.token_ids.append(token)
+
         eos = not params.ignore_eos and token in self.config.eos_token_ids
         if eos or token in params.stop_token_ids:
             reason = "stop"  # the stop token stays in token_ids but not in the text
         else:
             reason = None
             delta = req.decoder.step(token)
-            total = len(req.prompt_ids) + len(req.output_ids)
-            if len(req.output_ids) >= params.max_tokens or total >= self.config.max_seq_len:
+            num_out = len(req.seq.token_ids) - req.seq.num_prompt_tokens
+            if num_out >= params.max_tokens or len(req.seq.token_ids) >= self.config.max_seq_len:
                 reason = "length"
                 delta += req.decoder.flush()
             if self._append_text(req, delta):
                 reason = "stop"
+
+        # Hand out the text no stop string can still claim.
+        end = max(req.streamed, len(req.text) - (0 if reason else req.hold))
+        text_delta, req.streamed = req.text[req.streamed : end], end
         if reason is not None:
-            self._finish(req, reason)
-        return StepOutput(req.id, token, reason is not None, reason)
+            req.finish_reason = reason
+            self.scheduler.finish(req.seq)
+            self._finished[req.seq.id] = self._requests.pop(req.seq.id)
+        return StepOutput(req.seq.id, token, reason is not None, reason, text_delta, logprob, top)
 
     def _append_text(self, req: _Request, delta: str) -> bool:
         """Add `delta` to the text; True if it completed a stop string (text cut before it)."""
@@ -273,9 +296,3 @@ class Generator:
             return False
         req.text = req.text[: min(hits)]
         return True
-
-    def _finish(self, req: _Request, reason: str) -> None:
-        req.finish_reason = reason
-        req.table.release()
-        self._running.remove(req)
-        self._finished[req.id] = req

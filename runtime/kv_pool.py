@@ -4,15 +4,19 @@ The graph reads past keys and values through block tables and never writes the p
 runtime scatters each call's new K/V into the slots of the sequence's blocks (slot =
 block_id * block_size + offset). Allocation lives in a `BlockTable` per sequence so prefix
 caching (sharing full blocks by reference count) and preemption (release, recompute later)
-can be added without touching the pool itself.
+can be added without touching the pool itself. The pool's `PrefixCache` (prefix_cache.py)
+hears through `BlockAllocator.on_evict` when a cached free block is handed out again.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ingot.runtime.prefix_cache import PrefixCache
 
 __all__ = ["BlockAllocator", "BlockTable", "KVPool", "OutOfBlocks", "kv_numpy_dtype", "slots_of"]
 
@@ -34,10 +38,11 @@ class BlockAllocator:
     """Reference-counted block ids with a free list in LRU order.
 
     A block freed last goes to the back of the free list and is reused last, so a block
-    whose contents a prefix cache may still want survives as long as possible.
+    whose contents a prefix cache may still want survives as long as possible; `on_evict`
+    (if set) is told each time a block leaves the free list for new contents.
     """
 
-    __slots__ = ("_free", "_refs")
+    __slots__ = ("_free", "_refs", "on_evict")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
@@ -45,6 +50,7 @@ class BlockAllocator:
         # OrderedDict as an ordered set: O(1) pop from the front and removal from the middle.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._refs = [0] * num_blocks
+        self.on_evict: Callable[[int], None] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -53,6 +59,10 @@ class BlockAllocator:
     @property
     def num_free(self) -> int:
         return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return len(self._refs) - len(self._free)
 
     def refcount(self, block: int) -> int:
         return self._refs[self._check(block)]
@@ -65,6 +75,8 @@ class BlockAllocator:
         if not self._free:
             raise OutOfBlocks(f"all {self.num_blocks} KV cache blocks are in use")
         block, _ = self._free.popitem(last=False)
+        if self.on_evict is not None:
+            self.on_evict(block)
         self._refs[block] = 1
         return block
 
@@ -122,9 +134,22 @@ class BlockTable:
         self.num_tokens += n_new
         return slots_of(self.block_ids, self.block_size, positions)
 
+    def share(self, blocks: list[int]) -> None:
+        """Start the table with full blocks that already hold its first tokens (cache hits)."""
+        if self.num_tokens:
+            raise ValueError("shared prefix blocks must come first in a block table")
+        for block in blocks:
+            self.allocator.incref(block)
+        self.block_ids.extend(blocks)
+        self.num_tokens = len(blocks) * self.block_size
+
     def release(self) -> None:
-        """Drop this sequence's reference to every block (it can be recomputed later)."""
-        for block in self.block_ids:
+        """Drop this sequence's reference to every block (it can be recomputed later).
+
+        Last block first: the free list is LRU, so a prefix's head, the part other prompts
+        are likeliest to share, is evicted last.
+        """
+        for block in reversed(self.block_ids):
             self.allocator.free(block)
         self.block_ids.clear()
         self.num_tokens = 0
@@ -143,7 +168,7 @@ class KVPool:
     bind them without copying and see every write.
     """
 
-    __slots__ = ("allocator", "block_size", "k", "v", "_k_flat", "_v_flat")
+    __slots__ = ("allocator", "block_size", "k", "v", "prefix_cache", "_k_flat", "_v_flat")
 
     def __init__(
         self,
@@ -166,6 +191,8 @@ class KVPool:
         self._v_flat = [a.reshape(num_blocks * block_size, num_kv_heads, head_dim) for a in self.v]
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
+        # One per pool: every generator on this pool must see the same cached blocks.
+        self.prefix_cache = PrefixCache(self.allocator)
 
     @staticmethod
     def bytes_per_block(

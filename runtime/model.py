@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ingot.artifacts import EngineInfo, Manifest, safe_relative_path, verify_artifact
+from ingot.artifacts.signing import check_signature
+from ingot.artifacts.store import resolve_artifact
 from ingot.runtime.engine_select import select_engine
 from ingot.runtime.generate import Generator, GeneratorConfig
 from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
@@ -31,6 +33,8 @@ class LoadedModel:
     pool: KVPool
     session: EngineSession
     max_num_seqs: int
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
 
     @classmethod
     def load(
@@ -40,13 +44,23 @@ class LoadedModel:
         kv_cache_blocks: int | None = None,
         kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
         max_num_seqs: int = 16,
+        max_num_batched_tokens: int = 2048,
+        enable_prefix_caching: bool = True,
+        require_signature: bool | None = None,
+        verify_key: Path | str | None = None,
     ) -> LoadedModel:
-        """Verify the artifact at `path`, then load it.
+        """Verify the artifact at `path` (a directory or an `oci://` reference, pulled into the
+        local store first), then load it.
+
+        With `verify_key` (a PEM public key) model.sig must be a valid signature by its
+        private key, else the artifact is refused before anything is loaded; see
+        artifacts.signing.check_signature for `require_signature`.
 
         The pool has `kv_cache_blocks` blocks if given, else as many as `kv_cache_bytes`
         holds, but no more than `max_num_seqs` sequences of max_seq_len tokens can use.
         """
-        root = Path(path)
+        root = resolve_artifact(path)
+        check_signature(root, verify_key=verify_key, require=require_signature)
         manifest = verify_artifact(root)  # before anything in the directory is opened
         engine, skipped = select_engine(manifest)
         log.info("engine %s (%s on %s) selected", engine.name, engine.engine, engine.device)
@@ -55,26 +69,40 @@ class LoadedModel:
 
         pool = _make_pool(manifest, kv_cache_blocks, kv_cache_bytes, max_num_seqs)
         log.info(
-            "KV cache: %d blocks of %d tokens, %.1f MiB",
+            "KV cache: %d blocks of %d tokens (%d tokens), %.1f MiB, prefix caching %s",
             pool.num_blocks,
             pool.block_size,
+            pool.num_blocks * pool.block_size,
             pool.nbytes / (1 << 20),
+            "on" if enable_prefix_caching else "off",
         )
         tokenizer = TextTokenizer.from_artifact(root, manifest.tokenizer)
         session = EngineSession(safe_relative_path(root, engine.path), pool, engine.session_options)
-        return cls(root, manifest, engine, tokenizer, pool, session, max_num_seqs)
+        return cls(
+            root,
+            manifest,
+            engine,
+            tokenizer,
+            pool,
+            session,
+            max_num_seqs,
+            max_num_batched_tokens,
+            enable_prefix_caching,
+        )
 
     @property
     def sliding_window(self) -> int | None:
         return getattr(self.manifest.model, "sliding_window", None)
 
-    def generator(self, max_num_batched_tokens: int = 2048) -> Generator:
+    def generator(self, max_num_batched_tokens: int | None = None) -> Generator:
         config = GeneratorConfig(
             max_seq_len=self.manifest.model.max_seq_len,
             eos_token_ids=tuple(self.manifest.model.eos_token_ids),
             sliding_window=self.sliding_window,
             max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_batched_tokens=max_num_batched_tokens or self.max_num_batched_tokens,
+            enable_prefix_caching=self.enable_prefix_caching,
+            vocab_size=self.manifest.model.vocab_size,
         )
         return Generator(self.session, self.pool, self.tokenizer, config)
 

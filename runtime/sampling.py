@@ -1,4 +1,5 @@
-"""Per-request sampling parameters and the token sampler: greedy, temperature, top-k, top-p."""
+"""Per-request sampling parameters, the token sampler (greedy, temperature, top-k, top-p) and
+the log-probabilities reported with each token."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["SamplingParams", "make_rng", "sample"]
+__all__ = ["MAX_LOGPROBS", "SamplingParams", "make_rng", "sample", "token_logprobs"]
+
+MAX_LOGPROBS = 20  # the OpenAI API's limit on top_logprobs
 
 
 @dataclass(slots=True)
@@ -22,6 +25,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    logprobs: int | None = None  # None = off; n = the sampled token's and the top n logprobs
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # the OpenAI API accepts one string or a list
@@ -42,6 +46,10 @@ class SamplingParams:
             _require_int("stop_token_ids", token, minimum=0)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.logprobs is not None:
+            _require_int("logprobs", self.logprobs, minimum=0)
+            if self.logprobs > MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be at most {MAX_LOGPROBS}, got {self.logprobs}")
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:
@@ -82,3 +90,19 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     cumulative = np.cumsum(probs)
     index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
     return int(candidates[min(index, len(candidates) - 1)])
+
+
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, dict[int, float]]:
+    """The log-probability of `token` and the `top` most likely tokens' {id: logprob}.
+
+    Of the raw logits [V], before temperature and filtering, as vLLM reports them by default:
+    the model's distribution, whatever the request sampled from.
+    """
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max()
+    logprobs = shifted - np.log(np.exp(shifted).sum())  # [V]
+    top = min(top, len(logprobs))
+    best = np.argpartition(-logprobs, top - 1)[:top] if top else np.zeros(0, np.int64)
+    # Most likely first; ties in token id order so the dict is reproducible.
+    best = best[np.lexsort((best, -logprobs[best]))]
+    return float(logprobs[token]), {int(t): float(logprobs[t]) for t in best}

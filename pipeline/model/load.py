@@ -10,9 +10,10 @@ import torch
 from safetensors import safe_open
 
 from .config import ModelConfig
+from .layers import DecoderLayer
 from .llama import LlamaModel
 
-__all__ = ["load_model", "weight_files", "CheckpointError"]
+__all__ = ["load_model", "weight_files", "CheckpointError", "CheckpointReader", "ir_name"]
 
 
 class CheckpointError(ValueError):
@@ -50,7 +51,7 @@ def weight_files(path: Path) -> list[Path]:
     raise CheckpointError(f"{path}: no *.safetensors weight files found")
 
 
-def _ir_name(hf_name: str) -> str:
+def ir_name(hf_name: str) -> str:
     for pattern, repl in _RENAMES:
         name, n = re.subn(pattern, repl, hf_name)
         if n:
@@ -72,7 +73,7 @@ def load_model(path: str | Path, cfg: ModelConfig | None = None) -> LlamaModel:
             for hf_name in f.keys():  # noqa: SIM118 - safe_open is not iterable
                 if _IGNORED.search(hf_name):
                     continue
-                name = _ir_name(hf_name)
+                name = ir_name(hf_name)
                 if name not in expected:
                     raise CheckpointError(f"{file.name}: unexpected tensor {hf_name!r}")
                 tensor = f.get_tensor(hf_name).to(torch.float32)
@@ -89,3 +90,40 @@ def load_model(path: str | Path, cfg: ModelConfig | None = None) -> LlamaModel:
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.eval()
+
+
+class CheckpointReader:
+    """Reads a checkpoint one tensor or one decoder layer at a time (float32), so a layer-by-layer
+    pass holds one layer's weights, never the whole model."""
+
+    def __init__(self, path: str | Path, cfg: ModelConfig | None = None) -> None:
+        self.path = Path(path)
+        self.cfg = cfg or ModelConfig.from_dir(self.path)
+        self._where: dict[str, tuple[Path, str]] = {}  # IR name -> (file, HF name)
+        for file in weight_files(self.path):
+            with safe_open(str(file), framework="pt") as f:
+                for hf_name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                    if not _IGNORED.search(hf_name):
+                        self._where[ir_name(hf_name)] = (file, hf_name)
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def tensor(self, name: str) -> torch.Tensor:
+        if name not in self._where:
+            raise CheckpointError(f"{self.path}: tensor {name!r} missing from the checkpoint")
+        file, hf_name = self._where[name]
+        with safe_open(str(file), framework="pt") as f:
+            return f.get_tensor(hf_name).to(torch.float32)
+
+    def layer(self, i: int) -> DecoderLayer:
+        """Decoder layer ``i`` with its float weights; shapes are checked against the config."""
+        with torch.device("meta"):
+            layer = DecoderLayer(self.cfg)
+        prefix = f"layers.{i}."
+        state = {k: self.tensor(prefix + k) for k in layer.state_dict()}
+        try:
+            layer.load_state_dict(state, assign=True, strict=True)
+        except RuntimeError as e:
+            raise CheckpointError(f"{self.path}: layer {i} does not fit config.json: {e}") from e
+        return layer.eval()

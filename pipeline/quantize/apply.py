@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from ..model.llama import LlamaModel
 from ..recipe_checks import module_selected
+from .layerwise import needs_calibration, quantize_model_calibrated
 from .rtn import quantize_linear_rtn
+
+if TYPE_CHECKING:
+    from ingot.calibration.dataset import CalibrationSet
 
 __all__ = ["quantize_model", "quantizable_linears"]
 
@@ -18,8 +22,18 @@ def quantizable_linears(model: LlamaModel) -> dict[str, nn.Linear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
 
 
-def quantize_model(model: LlamaModel, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Replace the selected linears in place; returns one summary per spec for the manifest."""
+def quantize_model(
+    model: LlamaModel, specs: list[dict[str, Any]], calibration: CalibrationSet | None = None
+) -> list[dict[str, Any]]:
+    """Replace the selected linears in place; returns one summary per spec for the manifest.
+
+    GPTQ and AWQ entries need ``calibration`` (see `ingot.calibration.dataset.load_calibration`)
+    and run layer by layer through `layerwise.quantize_model_calibrated`.
+    """
+    if needs_calibration(specs):
+        if calibration is None:
+            raise ValueError("quantize: gptq / awq need calibration data (calibration=...)")
+        return quantize_model_calibrated(model, specs, calibration)
     summaries = []
     for spec in specs:
         if spec["method"] != "rtn":  # the recipe's union admits only implemented methods

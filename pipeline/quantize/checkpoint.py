@@ -2,46 +2,68 @@
 
 ir_config.json      ModelConfig + which modules are quantized (bits, group size)
 ir.safetensors      the state dict: float weights, and codes/scales/zero_points
+
+The layer-by-layer quantizers also checkpoint one decoder layer at a time (``save_layer`` /
+``load_layer``: the same two kinds of file for one layer) and assemble ``ir.safetensors`` from
+those files tensor by tensor (``write_safetensors``), never holding the whole model.
 """
 
 from __future__ import annotations
 
 import json
+import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from ..model.config import ModelConfig
+from ..model.layers import DecoderLayer
 from ..model.llama import LlamaModel
 from ..model.qlinear import QuantizedLinear
 
-__all__ = ["save_ir", "load_ir"]
+__all__ = [
+    "save_ir",
+    "load_ir",
+    "save_layer",
+    "load_layer",
+    "quantized_modules",
+    "write_safetensors",
+    "write_ir_config",
+    "layer_tensor_sources",
+]
+
+_DTYPES = {
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+}
 
 
-def save_ir(model: LlamaModel, out: Path) -> None:
-    quantized = {
+def quantized_modules(module: nn.Module) -> dict[str, dict[str, int]]:
+    """{module name: {"bits", "group_size"}} of every QuantizedLinear inside ``module``."""
+    return {
         name: {"bits": m.bits, "group_size": m.group_size}
-        for name, m in model.named_modules()
+        for name, m in module.named_modules()
         if isinstance(m, QuantizedLinear)
     }
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if v is not None}
-    if getattr(model.lm_head, "weight", None) is model.embed_tokens.weight:
-        state.pop("lm_head.weight")  # tied: stored once, as the embedding
-    meta = {"config": model.cfg.to_dict(), "quantized": quantized}
-    (out / "ir_config.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    save_file(state, str(out / "ir.safetensors"))
 
 
-def load_ir(path: Path) -> LlamaModel:
-    meta = json.loads((path / "ir_config.json").read_text())
-    cfg = ModelConfig.from_dict(meta["config"])
-    state = load_file(str(path / "ir.safetensors"))
-    with torch.device("meta"):
-        model = LlamaModel(cfg)
-    for name, q in meta["quantized"].items():
+def _install_quantized(
+    module: nn.Module, quantized: dict[str, dict[str, int]], state: dict[str, torch.Tensor]
+) -> None:
+    """Replace the named linears of ``module`` by QuantizedLinears built from (and popped out
+    of) ``state``."""
+    for name, q in quantized.items():
         parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
+        parent = module.get_submodule(parent_name) if parent_name else module
         setattr(
             parent,
             child,
@@ -55,6 +77,32 @@ def load_ir(path: Path) -> LlamaModel:
                 g_idx=state.pop(f"{name}.g_idx", None),
             ),
         )
+
+
+def _state(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.contiguous() for k, v in module.state_dict().items() if v is not None}
+
+
+def write_ir_config(cfg: ModelConfig, quantized: dict[str, dict[str, int]], out: Path) -> None:
+    meta = {"config": cfg.to_dict(), "quantized": quantized}
+    (out / "ir_config.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+
+def save_ir(model: LlamaModel, out: Path) -> None:
+    state = _state(model)
+    if getattr(model.lm_head, "weight", None) is model.embed_tokens.weight:
+        state.pop("lm_head.weight")  # tied: stored once, as the embedding
+    write_ir_config(model.cfg, quantized_modules(model), out)
+    save_file(state, str(out / "ir.safetensors"))
+
+
+def load_ir(path: Path) -> LlamaModel:
+    meta = json.loads((path / "ir_config.json").read_text())
+    cfg = ModelConfig.from_dict(meta["config"])
+    state = load_file(str(path / "ir.safetensors"))
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    _install_quantized(model, meta["quantized"], state)
     model.load_state_dict(state, assign=True, strict=False)
     if cfg.tie_word_embeddings and "lm_head" not in meta["quantized"]:
         model.lm_head.weight = model.embed_tokens.weight
@@ -62,3 +110,75 @@ def load_ir(path: Path) -> LlamaModel:
     if missing:
         raise ValueError(f"{path / 'ir.safetensors'}: tensors missing: {missing[:5]}")
     return model.eval()
+
+
+def save_layer(layer: DecoderLayer, stem: Path) -> None:
+    """``<stem>.safetensors`` + ``<stem>.json``, each written to a temp name and renamed."""
+    tensors, meta = stem.with_suffix(".safetensors"), stem.with_suffix(".json")
+    save_file(_state(layer), str(tensors) + ".tmp")
+    Path(str(tensors) + ".tmp").replace(tensors)
+    meta.with_suffix(".json.tmp").write_text(
+        json.dumps({"quantized": quantized_modules(layer)}, indent=2, sort_keys=True) + "\n"
+    )
+    meta.with_suffix(".json.tmp").replace(meta)
+
+
+def load_layer(cfg: ModelConfig, stem: Path) -> DecoderLayer:
+    quantized = json.loads(stem.with_suffix(".json").read_text())["quantized"]
+    state = load_file(str(stem.with_suffix(".safetensors")))
+    with torch.device("meta"):
+        layer = DecoderLayer(cfg)
+    _install_quantized(layer, quantized, state)
+    result = layer.load_state_dict(state, assign=True, strict=False)
+    missing = [k for k, v in layer.state_dict().items() if v is not None and v.is_meta]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"{stem}: layer checkpoint does not fit the config "
+            f"(missing {missing[:3]}, unexpected {result.unexpected_keys[:3]})"
+        )
+    return layer.eval()
+
+
+# A tensor to write: (name, shape, dtype, produce) where produce() returns the tensor.
+TensorSource = tuple[str, tuple[int, ...], torch.dtype, Callable[[], torch.Tensor]]
+
+
+def write_safetensors(path: Path, tensors: list[TensorSource]) -> None:
+    """A safetensors file written one tensor at a time (header first, from shapes alone)."""
+    header, offset = {}, 0
+    ordered = sorted(tensors, key=lambda t: t[0])
+    for name, shape, dtype, _ in ordered:
+        size = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+        span = [offset, offset + size]
+        header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": span}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the format aligns the data to 8 bytes
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for name, shape, dtype, produce in ordered:
+            t = produce().contiguous()
+            if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+                raise ValueError(f"{name}: produced {t.dtype} {tuple(t.shape)}, not {shape}")
+            f.write(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def layer_tensor_sources(stem: Path, prefix: str) -> list[TensorSource]:
+    """Every tensor of a layer checkpoint, renamed ``prefix + name``, read lazily."""
+    file = str(stem.with_suffix(".safetensors"))
+    sources = []
+    with safe_open(file, framework="pt") as f:
+        for key in f.keys():  # noqa: SIM118 - safe_open is not iterable
+            s = f.get_slice(key)
+            dtype = {v: k for k, v in _DTYPES.items()}[s.get_dtype()]
+            sources.append((prefix + key, tuple(s.get_shape()), dtype, _reader(file, key)))
+    return sources
+
+
+def _reader(file: str, key: str) -> Callable[[], torch.Tensor]:
+    def read() -> torch.Tensor:
+        with safe_open(file, framework="pt") as f:
+            return f.get_tensor(key)
+
+    return read

@@ -7,7 +7,7 @@ from torch import nn
 
 from ..model.qlinear import QuantizedLinear
 
-__all__ = ["quantize_weight", "quantize_linear_rtn", "integer_range"]
+__all__ = ["quantize_weight", "quantize_linear_rtn", "integer_range", "round_to_codes"]
 
 
 def integer_range(bits: int, symmetric: bool) -> tuple[int, int]:
@@ -15,6 +15,17 @@ def integer_range(bits: int, symmetric: bool) -> tuple[int, int]:
     if symmetric:
         return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
     return 0, 2**bits - 1
+
+
+def round_to_codes(
+    w: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int
+) -> torch.Tensor:
+    """Codes (as float) of ``w`` for given scales and zero points (broadcast against ``w``);
+    the one rounding rule every quantizer shares. Dequantize: (codes - zeros) * scales."""
+    qmin, qmax = integer_range(bits, zeros is None)
+    if zeros is None:
+        return torch.clamp(torch.round(w / scales), qmin, qmax)
+    return torch.clamp(torch.round(w / scales) + zeros, qmin, qmax)
 
 
 def quantize_weight(
@@ -32,14 +43,14 @@ def quantize_weight(
     if symmetric:
         scales = groups.abs().amax(-1) / ((qmax - qmin) / 2)  # [N, G]
         scales = torch.where(scales == 0, torch.ones_like(scales), scales)
-        codes = torch.clamp(torch.round(groups / scales[..., None]), qmin, qmax)
+        codes = round_to_codes(groups, scales[..., None], None, bits)
         return codes.reshape(n, k).to(torch.int8), scales, None
     lo = groups.amin(-1).clamp(max=0)  # the range always holds 0, so zero is exact
     hi = groups.amax(-1).clamp(min=0)
     scales = (hi - lo) / (qmax - qmin)
     scales = torch.where(scales == 0, torch.ones_like(scales), scales)
     zeros = torch.clamp(torch.round(qmin - lo / scales), qmin, qmax)  # [N, G]
-    codes = torch.clamp(torch.round(groups / scales[..., None]) + zeros[..., None], qmin, qmax)
+    codes = round_to_codes(groups, scales[..., None], zeros[..., None], bits)
     return codes.reshape(n, k).to(torch.uint8), scales, zeros.to(torch.uint8)
 
 

@@ -25,9 +25,10 @@ def chat_template_of(source: Path) -> str | None:
     return template
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
+def _copy_tree(src: Path, dst: Path, *, with_json: bool = False) -> None:
+    # Stage bookkeeping (graph.json, engine.json) goes into the manifest, not the artifact.
     for f in sorted(src.rglob("*")):
-        if f.is_file() and not f.name.startswith(".") and not f.name.endswith(".json"):
+        if f.is_file() and not f.name.startswith(".") and (with_json or f.suffix != ".json"):
             target = dst / f.relative_to(src)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f, target)
@@ -41,6 +42,8 @@ def run_package(
     engine_dirs: dict[str, Path],
     lock: dict[str, Any],
     manifest_fields: dict[str, Any],
+    extra_dirs: dict[str, Path] | None = None,
+    sign_key: Path | None = None,
 ) -> tuple[Any, str]:
     """Write the artifact to a sibling temp dir, then swap it in: a failure keeps the old one."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -51,6 +54,8 @@ def run_package(
         _copy_tree(export_dir, tmp)  # model.onnx + model.onnx.data
         for name, engine_dir in engine_dirs.items():
             _copy_tree(engine_dir, tmp / "engines" / name)
+        for rel, stage_dir in (extra_dirs or {}).items():  # eval/, interop/<format>/: as is
+            _copy_tree(stage_dir, tmp / rel, with_json=True)
         shutil.copyfile(source / "tokenizer.json", tmp / "tokenizer.json")
         shutil.copyfile(source / "config.json", tmp / "config.json")
         template = chat_template_of(source)
@@ -65,6 +70,10 @@ def run_package(
         (tmp / "ingot.lock").write_bytes(lock_bytes)
         fields["lock"] = {"path": "ingot.lock", "sha256": sha256_bytes(lock_bytes)}
         manifest, digest = write_manifest(tmp, fields)
+        if sign_key is not None:  # manifest.json -> model.sig, before the artifact appears
+            from ingot.artifacts.signing import sign_artifact
+
+            sign_artifact(tmp, sign_key)
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -143,8 +143,10 @@ def test_step_events_and_abort(tokenizer):
     gen = _generator(tokenizer)
     a = gen.add([BACKTICK], SamplingParams(max_tokens=2, temperature=0))
     b = gen.add([10], SamplingParams(max_tokens=5, temperature=0))
-    assert gen.step() == [(a, 66, False, None), (b, 11, False, None)]
-    assert gen.step() == [(a, 67, True, "length"), (b, 12, False, None)]
+    assert [o[:4] for o in gen.step()] == [(a, 66, False, None), (b, 11, False, None)]
+    [out_a, out_b] = gen.step()
+    assert out_a == (a, 67, True, "length", "b", None, None)
+    assert out_b[:4] == (b, 12, False, None)
     gen.abort(b)
     assert not gen.has_unfinished() and _all_free(gen)
     assert gen.pop_completion(a).text == "ab"
@@ -156,8 +158,9 @@ def test_prefill_respects_the_token_budget(tokenizer):
         [[10, 11, 12], [20, 21, 22], [BACKTICK] * 8], SamplingParams(max_tokens=2, temperature=0)
     )
     assert [c.token_ids for c in out] == [[13, 14], [23, 24], [66, 67]]
-    # step 1 prefills two prompts (2 x 3 tokens); the 8-token prompt is admitted alone later.
-    assert gen.session.calls == [(2, 3), (2, 1), (1, 8), (1, 1)]
+    # step 1 prefills two prompts (2 x 3 tokens); in step 2 their decodes take 2 of the 6
+    # tokens, so the 8-token prompt gets a chunk of 4, then the other 4, then decodes.
+    assert gen.session.calls == [(2, 3), (2, 1), (1, 4), (1, 4), (1, 1)]
 
 
 def test_max_num_seqs_limits_running_requests(tokenizer):

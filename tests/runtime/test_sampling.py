@@ -73,6 +73,8 @@ def test_low_temperature_does_not_overflow():
         ("stop", [""]),
         ("stop_token_ids", [-1]),
         ("ignore_eos", "yes"),
+        ("logprobs", -1),
+        ("logprobs", 21),
     ],
 )
 def test_invalid_params_name_the_field(field, value):

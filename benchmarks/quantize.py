@@ -1,0 +1,493 @@
+"""Weight quantization quality, speed and memory: ingot's RTN / GPTQ / AWQ against
+llm-compressor's RTN / GPTQ, side by side, on the same calibration windows and the same
+perplexity windows.
+
+    python benchmarks/quantize.py                      # full run (about an hour on 2 cores)
+    python benchmarks/quantize.py --samples 8 --max-windows 16 --settings w4g128   # smoke
+    python benchmarks/quantize.py --reuse --redo ingot-gptq,ingot-awq   # rerun some rows
+
+- Model: ../shared/models/pydoc-16m (8 layers, width 384). Calibration: 128 windows of 512
+  tokens drawn from ../shared/data/pydoc-calib.txt by ingot's own calibration sampler (seed 0);
+  llm-compressor gets the very same token windows (a .npy file). Perplexity: consecutive
+  256-token windows of ../shared/data/pydoc-eval.txt, scored by ingot's evaluate stage code on
+  ingot's fp32 model for every row.
+- Settings: W4 g128, W4 per-channel, W3 g128. ingot's recipe allows bits 4 | 8, so W3 runs
+  through the Python API of the quantizers (which take any bit width), not a recipe.
+- Each quantization runs in its own process; its peak RSS is `getrusage(RUSAGE_CHILDREN)` of a
+  small wrapper process that runs only it. "quantize s" is the time of the quantization call
+  itself: ingot's `quantize_checkpoint` (layer-sequential from disk, writing the IR) or
+  `quantize_model` (RTN, in memory); llm-compressor's `oneshot` (model already loaded, not
+  saving). llm-compressor runs in its own virtualenv (LLMC_PYTHON, default
+  /work/llmc-venv/bin/python) through benchmarks/quantize_llmc.py; its compressed-tensors
+  checkpoint is loaded back through transformers (decompressed) and scored by ingot's harness.
+- Memory vs depth: ingot GPTQ W4 g128 on pydoc-16m (8 layers) and on a random model of its
+  width with 16 layers (--depth-control adds a random 8-layer one): the peak should grow by
+  less than 10% when the model is made twice as deep, since one layer plus the activations is
+  resident at a time.
+
+Writes benchmarks/results/quantize.json and quantize.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+MODEL = SHARED / "models" / "pydoc-16m"
+CALIB = SHARED / "data" / "pydoc-calib.txt"
+EVAL = SHARED / "data" / "pydoc-eval.txt"
+RESULTS = ROOT / "benchmarks" / "results"
+LLMC_PYTHON = Path("/work/llmc-venv/bin/python")
+
+SETTINGS = {  # name -> (bits, group_size)
+    "w4g128": (4, 128),
+    "w4pc": (4, -1),
+    "w3g128": (3, 128),
+}
+# (row label, tool, method, symmetric)
+METHODS = [
+    ("ingot RTN (sym)", "ingot", "rtn", True),
+    ("ingot RTN (asym)", "ingot", "rtn", False),
+    ("ingot GPTQ (sym)", "ingot", "gptq", True),
+    ("ingot AWQ (asym)", "ingot", "awq", False),
+    ("llm-compressor RTN (sym)", "llmc", "rtn", True),
+    ("llm-compressor GPTQ (sym)", "llmc", "gptq", True),
+]
+
+# Runs a command as the only child of this process, so RUSAGE_CHILDREN is that command's peak.
+_MEASURE = """
+import json, resource, subprocess, sys, time
+started = time.perf_counter()
+code = subprocess.call(sys.argv[2:])
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+out = {"returncode": code, "process_seconds": time.perf_counter() - started,
+       "peak_rss_bytes": usage.ru_maxrss * 1024}
+open(sys.argv[1], "w").write(json.dumps(out))
+"""
+
+
+# -- workers (one quantization per process) -----------------------------------------------------
+
+
+def _spec(method: str, bits: int, group_size: int, symmetric: bool) -> dict[str, Any]:
+    from ingot.pipeline.recipe import GptqQuantize
+
+    spec = {
+        "method": method,
+        "bits": bits,
+        "group_size": group_size,
+        "symmetric": symmetric,
+        "targets": ["re:.*"],
+        "ignore": ["lm_head"],
+    }
+    if method == "gptq":  # the recipe's defaults (act order with static groups, ...)
+        fields = ("actorder", "static_groups", "dampening_frac", "block_size")
+        spec.update({f: GptqQuantize.model_fields[f].default for f in fields})
+    return spec
+
+
+def _code_digest() -> str:
+    """sha256 over ingot's quantization and calibration sources: which code a row measured."""
+    import hashlib
+
+    files = sorted([*ROOT.glob("pipeline/quantize/*.py"), *ROOT.glob("calibration/*.py")])
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Quantize with ingot and save the IR to args.out; timing to args.result."""
+    import torch
+
+    from ingot.calibration.dataset import CalibrationSet
+    from ingot.pipeline.model.load import load_model
+    from ingot.pipeline.quantize.apply import quantize_model
+    from ingot.pipeline.quantize.checkpoint import save_ir
+    from ingot.pipeline.quantize.layerwise import quantize_checkpoint
+
+    torch.manual_seed(0)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = _spec(args.method, args.bits, args.group_size, not args.asymmetric)
+    result: dict[str, Any] = {"tool": "ingot", "code": _code_digest()}
+    try:
+        if args.method == "rtn":
+            model = load_model(args.model)
+            started = time.perf_counter()
+            quantize_model(model, [spec])
+            result["quantize_seconds"] = time.perf_counter() - started
+            save_ir(model, out)
+        else:
+            tokens = np.load(args.tokens)
+            calibration = CalibrationSet(tokens, list(range(len(tokens))), "benchmark")
+            work = out.parent / (out.name + "-work")
+            work.mkdir(exist_ok=True)
+            started = time.perf_counter()
+            quantize_checkpoint(Path(args.model), [spec], calibration, out, work)
+            result["quantize_seconds"] = time.perf_counter() - started
+        result["ok"] = True
+    except Exception as e:  # noqa: BLE001 - the benchmark records every failure as such
+        import traceback
+
+        result.update(ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc())
+    Path(args.result).write_text(json.dumps(result, indent=2) + "\n")
+
+
+# -- orchestration ------------------------------------------------------------------------------
+
+
+def _measured(cmd: list[str], result_file: Path, log: Path) -> dict[str, Any]:
+    usage_file = result_file.with_suffix(".usage.json")
+    with log.open("w") as f:
+        subprocess.run(
+            [sys.executable, "-c", _MEASURE, str(usage_file), *cmd], stdout=f, stderr=f, check=False
+        )
+    usage = json.loads(usage_file.read_text())
+    if result_file.exists():
+        result = json.loads(result_file.read_text())
+    else:
+        tail = log.read_text()[-2000:]
+        result = {"ok": False, "error": f"exit code {usage['returncode']}", "trace": tail}
+    return {**result, **usage}
+
+
+def _calibration_tokens(work: Path, samples: int) -> Path:
+    """ingot's calibration sampler over pydoc-calib.txt, saved for both tools."""
+    from ingot.calibration.dataset import load_calibration
+
+    config = json.loads((MODEL / "config.json").read_text())
+    section = {
+        "dataset": str(CALIB),
+        "split": "train",
+        "text_field": "text",
+        "samples": samples,
+        "seq_len": 512,
+        "seed": 0,
+    }
+    calibration = load_calibration(
+        section, MODEL / "tokenizer.json", eos_token_id=config["eos_token_id"]
+    )
+    path = work / f"calib-{samples}x512.npy"
+    np.save(path, np.asarray(calibration.tokens, dtype=np.int64))
+    return path
+
+
+def _eval_windows(max_windows: int | None):
+    from ingot.pipeline.evaluate import load_eval_text, token_windows
+    from ingot.pipeline.evaluate.perplexity import tokenize
+
+    text = load_eval_text(str(EVAL))
+    ids = tokenize(text.text, MODEL / "tokenizer.json")
+    return token_windows(ids, 256, max_windows), text.sha256
+
+
+def _perplexity(kind: str, path: Path, windows) -> float:
+    from ingot.pipeline.evaluate import perplexity
+    from ingot.pipeline.model.load import load_model
+    from ingot.pipeline.quantize.checkpoint import load_ir
+
+    model = load_ir(path) if kind == "ir" else load_model(path)
+    return perplexity(model, windows)
+
+
+def _run(
+    label: str, tool: str, method: str, symmetric: bool, setting: str, model: Path, ctx: dict
+) -> dict[str, Any]:
+    bits, group = SETTINGS[setting]
+    tag = f"{tool}-{method}-{'sym' if symmetric else 'asym'}-{setting}-{model.name}"
+    out, result = ctx["work"] / tag, ctx["work"] / f"{tag}.json"
+    common = ["--model", str(model), "--tokens", str(ctx["tokens"]), "--method", method]
+    common += ["--bits", str(bits), "--group-size", str(group), "--out", str(out)]
+    common += ["--result", str(result)] + ([] if symmetric else ["--asymmetric"])
+    if tool == "ingot":
+        cmd = [sys.executable, str(Path(__file__).resolve()), "worker", *common]
+    else:
+        cmd = [str(ctx["llmc_python"]), str(ROOT / "benchmarks" / "quantize_llmc.py"), *common]
+    saved = ctx["work"] / f"{tag}.row.json"
+    if ctx["reuse"] and saved.exists() and f"{tool}-{method}" not in ctx["redo"]:
+        row = json.loads(saved.read_text())
+        if row.get("ok") and (ctx["windows"] is None or "perplexity" in row):
+            print(f"[reused] {label} {setting} on {model.name}: {_brief(row)}", flush=True)
+            return row
+    print(f"[{time.strftime('%H:%M:%S')}] {label} {setting} on {model.name} ...", flush=True)
+    row = {"label": label, "tool": tool, "method": method, "symmetric": symmetric}
+    row |= {"setting": setting, "bits": bits, "group_size": group, "model": model.name}
+    row |= _measured(cmd, result, ctx["work"] / f"{tag}.log")
+    if row.get("ok") and ctx["windows"] is not None:
+        kind, path = ("ir", out) if tool == "ingot" else ("dense", out / "dense")
+        row["perplexity"] = _perplexity(kind, path, ctx["windows"])
+    if row.get("ok"):
+        row.pop("trace", None)
+    elif "trace" in row:
+        row["trace"] = row["trace"][-1500:]
+    print(f"    -> {_brief(row)}", flush=True)
+    saved.write_text(json.dumps(row, indent=2) + "\n")
+    return row
+
+
+def _brief(row: dict[str, Any]) -> str:
+    if not row.get("ok"):
+        return f"FAILED: {row.get('error')}"
+    ppl = f"ppl {row['perplexity']:.4f}, " if "perplexity" in row else ""
+    return f"{ppl}{row['quantize_seconds']:.1f} s, peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB"
+
+
+def _random_model(work: Path, layers: int) -> Path:
+    """pydoc-16m's config and tokenizer with `layers` random layers (transformers' init)."""
+    import shutil
+
+    import torch
+    import transformers
+
+    path = work / f"random-{layers}L"
+    if (path / "config.json").exists():
+        return path
+    config = json.loads((MODEL / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    torch.manual_seed(layers)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).to(torch.bfloat16)
+    model.save_pretrained(path, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(MODEL / name, path / name)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    w = sub.add_parser("worker")
+    for flag in ("--model", "--tokens", "--method", "--out", "--result"):
+        w.add_argument(flag, required=flag != "--tokens")
+    w.add_argument("--bits", type=int, required=True)
+    w.add_argument("--group-size", type=int, required=True)
+    w.add_argument("--asymmetric", action="store_true")
+    parser.add_argument("--samples", type=int, default=128)
+    parser.add_argument("--max-windows", type=int, default=None)
+    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--work", default="/tmp/ingot-bench-quantize")
+    parser.add_argument("--llmc-python", default=str(LLMC_PYTHON))
+    parser.add_argument("--skip-llmc", action="store_true")
+    parser.add_argument("--skip-depth", action="store_true")
+    parser.add_argument("--depth-control", action="store_true", help="also a random 8-layer model")
+    parser.add_argument("--reuse", action="store_true", help="reuse finished rows found in --work")
+    parser.add_argument(
+        "--redo", default="", help="with --reuse: rows to run again, e.g. ingot-gptq,ingot-awq"
+    )
+    args = parser.parse_args()
+    if args.command == "worker":
+        return worker(args)
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from machine import machine_info
+
+    load_at_start = list(os.getloadavg())
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    windows, eval_digest = _eval_windows(args.max_windows)
+    ctx = {
+        "work": work,
+        "tokens": _calibration_tokens(work, args.samples),
+        "windows": windows,
+        "llmc_python": Path(args.llmc_python),
+        "reuse": args.reuse,
+        "redo": set(filter(None, args.redo.split(","))),
+    }
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    baseline = _perplexity("dense", MODEL, windows)
+    rows.append({"label": "fp32 baseline", "tool": "-", "setting": "-", "perplexity": baseline})
+    settings = args.settings.split(",")
+    for setting in settings:
+        for label, tool, method, symmetric in METHODS:
+            if tool == "llmc" and args.skip_llmc:
+                continue
+            rows.append(_run(label, tool, method, symmetric, setting, MODEL, ctx))
+    if not args.skip_llmc:  # recorded for the report: it needs an accelerator
+        rows.append(
+            _run("llm-compressor AWQ (asym)", "llmc", "awq", False, settings[0], MODEL, ctx)
+        )
+
+    depth = []
+    if not args.skip_depth:
+        memory_ctx = {**ctx, "windows": None}  # memory only; random models have no quality
+        models = [MODEL, _random_model(work, 16)]
+        if args.depth_control:  # a random model as deep as pydoc-16m: weights do not matter
+            models.insert(1, _random_model(work, 8))
+        for model in models:
+            depth.append(
+                _run("ingot GPTQ (sym)", "ingot", "gptq", True, "w4g128", model, memory_ctx)
+            )
+
+    report = {
+        "benchmark": "quantize",
+        "machine": machine_info(),
+        # Other work on the host slows every row alike only roughly; the load says how busy.
+        "load_average": {"start": load_at_start, "end": list(os.getloadavg())},
+        "model": str(MODEL.relative_to(SHARED.parent)),
+        "calibration": {"dataset": CALIB.name, "samples": args.samples, "seq_len": 512, "seed": 0},
+        "evaluation": {
+            "dataset": EVAL.name,
+            "text_sha256": eval_digest,
+            "seq_len": 256,
+            "windows": int(windows.shape[0]),
+        },
+        "rows": rows,
+        "depth": depth,
+        "targets": _targets(rows, depth, settings),
+        "notes": _notes(rows),
+        "seconds": time.perf_counter() - started,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "quantize.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / "quantize.md").write_text(_markdown(report))
+    print((RESULTS / "quantize.md").read_text())
+
+
+def _notes(rows: list[dict[str, Any]]) -> list[str]:
+    notes = [
+        "quantize s: the quantization call only. ingot GPTQ / AWQ: `quantize_checkpoint`, the "
+        "build's layer-sequential path (reads each layer from disk, writes the IR); ingot RTN: "
+        "`quantize_model` in memory; llm-compressor: `oneshot` on the loaded model (not "
+        "loading, not saving).",
+        "peak RSS: the whole quantizing process (imports, model, calibration activations), "
+        "from getrusage(RUSAGE_CHILDREN) of a wrapper that runs only that process.",
+        "GPTQ on both sides: symmetric, act order with static groups, block 128, dampening "
+        "0.01 (llm-compressor's defaults). AWQ is compared with RTN at the same (asymmetric) "
+        "scheme.",
+    ]
+    codes = sorted({r["code"] for r in rows if r.get("code")})
+    if codes:
+        notes.append(f"ingot quantization code measured (sha256 prefix): {', '.join(codes)}.")
+    for r in rows:
+        if r["tool"] == "llmc" and r.get("method") == "awq" and not r.get("ok"):
+            notes.append(
+                f"llm-compressor AWQ does not run on this CPU-only host: `{r.get('error')}` "
+                "(AWQModifier pins its cached activations to accelerator memory)."
+            )
+    return notes
+
+
+def _find(rows, label: str, setting: str) -> dict[str, Any] | None:
+    return next((r for r in rows if r["label"] == label and r["setting"] == setting), None)
+
+
+def _targets(rows, depth, settings) -> list[dict[str, Any]]:
+    """Each target with its verdict: true, false, or null when a row it needs failed."""
+
+    def ppl(label, setting):
+        row = _find(rows, label, setting)
+        return row.get("perplexity") if row else None
+
+    def secs(label, setting):
+        row = _find(rows, label, setting)
+        return row.get("quantize_seconds") if row and row.get("ok") else None
+
+    def verdict(a, b, ok):
+        return None if a is None or b is None else bool(ok(a, b))
+
+    targets = []
+    for s in settings:
+        gptq, llmc = ppl("ingot GPTQ (sym)", s), ppl("llm-compressor GPTQ (sym)", s)
+        targets.append(
+            {
+                "target": f"ingot GPTQ ppl <= llm-compressor GPTQ ppl ({s})",
+                "values": [gptq, llmc],
+                "met": verdict(gptq, llmc, lambda a, b: a <= b),
+            }
+        )
+        awq, rtn = ppl("ingot AWQ (asym)", s), ppl("ingot RTN (asym)", s)
+        targets.append(
+            {
+                "target": f"ingot AWQ ppl <= ingot RTN ppl, both asymmetric ({s})",
+                "values": [awq, rtn],
+                "met": verdict(awq, rtn, lambda a, b: a <= b),
+            }
+        )
+        ti, tl = secs("ingot GPTQ (sym)", s), secs("llm-compressor GPTQ (sym)", s)
+        targets.append(
+            {
+                "target": f"ingot GPTQ calibration time <= 0.7x llm-compressor GPTQ ({s})",
+                "values": [ti, tl],
+                "met": verdict(ti, tl, lambda a, b: a <= 0.7 * b),
+            }
+        )
+    by_model = {r["model"]: r["peak_rss_bytes"] / 2**20 for r in depth if r.get("ok")}
+    for base in ("pydoc-16m", "random-8L"):
+        shallow, deep = by_model.get(base), by_model.get("random-16L")
+        targets.append(
+            {
+                "target": f"ingot GPTQ peak RSS (MiB) grows < 10% from {base} to random-16L",
+                "values": [shallow, deep],
+                "met": verdict(shallow, deep, lambda a, b: b < 1.10 * a),
+            }
+        )
+    return targets
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    ev, cal = report["evaluation"], report["calibration"]
+    lines = [
+        "# Quantization benchmark",
+        "",
+        f"{m['cpu_model']}, {m['usable_cores']} cores, {m['ram_bytes'] / 2**30:.0f} GiB, "
+        f"{m['date']}; torch {m['versions'].get('torch')}; 1-min load average "
+        f"{report['load_average']['start'][0]:.1f} at the start, "
+        f"{report['load_average']['end'][0]:.1f} at the end (other work on the host).",
+        f"Model `{report['model']}`; calibration {cal['samples']} x {cal['seq_len']} tokens of "
+        f"`{cal['dataset']}` (the same windows for both tools); perplexity on {ev['windows']} "
+        f"windows of {ev['seq_len']} tokens of `{ev['dataset']}` (fp32, ingot's harness).",
+        "W3 runs through the quantizers' Python API (recipes allow bits 4 | 8).",
+        "",
+        "| method | setting | perplexity | quantize s | peak RSS MiB |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in report["rows"]:
+        lines.append(_md_row(r))
+    if report["depth"]:
+        lines += ["", "Peak RSS of ingot GPTQ W4 g128 by depth (same width 384):", ""]
+        lines += ["| model | layers | quantize s | peak RSS MiB |", "|---|---:|---:|---:|"]
+        for r in report["depth"]:
+            layers = {"pydoc-16m": 8}.get(r["model"]) or int(r["model"].split("-")[1][:-1])
+            if r.get("ok"):
+                rss = f"{r['peak_rss_bytes'] / 2**20:.0f}"
+                lines.append(f"| {r['model']} | {layers} | {r['quantize_seconds']:.1f} | {rss} |")
+            else:
+                lines.append(f"| {r['model']} | {layers} | FAILED: {r.get('error')} | |")
+    lines += ["", *(f"- {n}" for n in report.get("notes", []))]
+    lines += ["", "| target | values | met |", "|---|---|---|"]
+    for t in report["targets"]:
+        values = ", ".join("-" if v is None else f"{v:.4g}" for v in t["values"])
+        met = {True: "yes", False: "**no**", None: "n/a (a run failed)"}[t["met"]]
+        lines.append(f"| {t['target']} | {values} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def _md_row(r: dict[str, Any]) -> str:
+    if r["tool"] == "-":
+        return f"| {r['label']} | - | {r['perplexity']:.4f} | - | - |"
+    if not r.get("ok"):
+        error = str(r.get("error", "")).replace("|", "/")[:160]
+        return f"| {r['label']} | {r['setting']} | FAILED: {error} | | |"
+    ppl = f"{r['perplexity']:.4f}" if "perplexity" in r else "-"
+    rss = r["peak_rss_bytes"] / 2**20
+    return f"| {r['label']} | {r['setting']} | {ppl} | {r['quantize_seconds']:.1f} | {rss:.0f} |"
+
+
+if __name__ == "__main__":
+    main()

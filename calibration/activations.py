@@ -1,0 +1,87 @@
+"""The activations of every calibration sample at one point of the model: [N, T, H] float32.
+
+They stay in memory while they fit the budget; past it they live in a file of the stage's work
+directory and are read and written in chunks of samples with plain positioned file I/O. (Not a
+memory map: pages of a mapped file count towards the process's resident memory as they are
+touched, which is exactly what spilling is meant to avoid.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = ["ActivationStore", "DEFAULT_BUDGET_BYTES", "budget_from_env"]
+
+DEFAULT_BUDGET_BYTES = 4 * 2**30
+_BUDGET_ENV = "INGOT_ACTIVATION_BUDGET_MB"
+
+
+def budget_from_env() -> int:
+    """Bytes the runner may hold in activations (both stores together): $INGOT_ACTIVATION_BUDGET_MB
+    or 4 GiB. Spilling changes where activations live, never their values, so the budget is
+    not part of any cache key."""
+    value = os.environ.get(_BUDGET_ENV)
+    return DEFAULT_BUDGET_BYTES if not value else int(float(value) * 2**20)
+
+
+class ActivationStore:
+    """Fixed-shape float32 storage of [N, ...] indexed by sample, in memory or on disk."""
+
+    __slots__ = ("shape", "_memory", "_fd", "_path", "_row_bytes")
+
+    def __init__(self, shape: tuple[int, ...], budget_bytes: int, spill_path: Path) -> None:
+        self.shape = tuple(shape)
+        self._row_bytes = math.prod(self.shape[1:]) * 4
+        self._memory: torch.Tensor | None = None
+        self._fd: int | None = None
+        self._path: Path | None = None
+        if self._row_bytes * self.shape[0] <= budget_bytes:
+            self._memory = torch.empty(self.shape, dtype=torch.float32)
+        else:
+            self._path = spill_path
+            self._fd = os.open(spill_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.ftruncate(self._fd, self._row_bytes * self.shape[0])
+
+    @property
+    def spilled(self) -> bool:
+        return self._fd is not None
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def write(self, start: int, x: torch.Tensor) -> None:
+        """Store samples ``start : start + len(x)``."""
+        x = x.detach().to(torch.float32).contiguous()
+        if self._memory is not None:
+            self._memory[start : start + len(x)] = x
+            return
+        view = memoryview(x.numpy()).cast("B")
+        offset, done = start * self._row_bytes, 0
+        while done < len(view):  # pwrite may write less than asked (2 GiB per call on Linux)
+            done += os.pwrite(self._fd, view[done:], offset + done)
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        """Samples ``start : stop`` as a tensor the caller owns (a copy when spilled)."""
+        if self._memory is not None:
+            return self._memory[start:stop]
+        out = torch.empty((stop - start, *self.shape[1:]), dtype=torch.float32)
+        view = memoryview(out.numpy()).cast("B")
+        offset, done = start * self._row_bytes, 0
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got == 0:
+                raise OSError(f"{self._path}: activation file is truncated")
+            done += got
+        return out
+
+    def close(self) -> None:
+        """Free the memory or delete the spill file."""
+        self._memory = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self._path.unlink(missing_ok=True)

@@ -1,0 +1,93 @@
+"""Observing the inputs of a layer's linears while the layer runs on calibration activations.
+
+`observe_input` puts a forward pre-hook on one module and hands each input it sees, flattened
+to [tokens, K], to the observers; the forward stops right there (nothing after the observed
+module is needed to learn its input). The observers accumulate what the quantizers need:
+`HessianObserver` for GPTQ (H = 2/n sum of x x^T), `ChannelObserver` for AWQ (mean |x| per
+input channel and a fixed subset of whole samples for its error searches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+__all__ = ["ChannelObserver", "HessianObserver", "StopForward", "observe_input"]
+
+
+class StopForward(Exception):
+    """Raised by the hook once the observed input is recorded: the rest of the forward is
+    wasted work."""
+
+
+@contextmanager
+def observe_input(
+    module: nn.Module, observers: list[Callable[[torch.Tensor], None]]
+) -> Iterator[None]:
+    """While active, each call of ``module`` feeds its input [tokens, K] to every observer and
+    then raises StopForward (catch it around the forward)."""
+
+    def hook(_module: nn.Module, args: tuple) -> None:
+        x = args[0].detach().reshape(-1, args[0].shape[-1]).to(torch.float32)  # [tokens, K]
+        for observe in observers:
+            observe(x)
+        raise StopForward
+
+    handle = module.register_forward_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+class HessianObserver:
+    """GPTQ's Hessian of the layer-wise squared error: H = 2/n * sum over tokens of x x^T."""
+
+    __slots__ = ("_sum", "_count")
+
+    def __init__(self, in_features: int) -> None:
+        self._sum = torch.zeros(in_features, in_features, dtype=torch.float32)
+        self._count = 0
+
+    def __call__(self, x: torch.Tensor) -> None:
+        self._sum.addmm_(x.T, x)
+        self._count += x.shape[0]
+
+    def hessian(self) -> torch.Tensor:
+        """[K, K] float32."""
+        return self._sum * (2.0 / max(self._count, 1))
+
+
+class ChannelObserver:
+    """AWQ's activation statistics: mean |x| per input channel over every token, and the rows
+    of a fixed, evenly spaced subset of whole samples (sequences) holding about
+    ``sample_tokens`` tokens, on which AWQ measures the error of its candidates."""
+
+    __slots__ = ("_abs_sum", "_count", "_rows", "_picked", "sample_sequences")
+
+    def __init__(self, in_features: int, samples: int, seq_len: int, sample_tokens: int) -> None:
+        self._abs_sum = torch.zeros(in_features, dtype=torch.float64)
+        self._count = 0
+        keep = max(1, min(samples, -(-sample_tokens // seq_len)))
+        chosen = torch.linspace(0, samples - 1, keep).round().long().unique()
+        self.sample_sequences = len(chosen)
+        self._rows = (chosen[:, None] * seq_len + torch.arange(seq_len)).flatten()
+        self._picked: list[torch.Tensor] = []
+
+    def __call__(self, x: torch.Tensor) -> None:
+        start, stop = self._count, self._count + x.shape[0]
+        self._abs_sum += x.abs().sum(0, dtype=torch.float64)
+        rows = self._rows[(self._rows >= start) & (self._rows < stop)] - start
+        self._picked.append(x[rows].clone())
+        self._count = stop
+
+    def mean_abs(self) -> torch.Tensor:
+        """[K] float32."""
+        return (self._abs_sum / max(self._count, 1)).to(torch.float32)
+
+    def sample(self) -> torch.Tensor:
+        """[S * T, K] float32: the chosen samples' token rows, in order."""
+        return torch.cat(self._picked)

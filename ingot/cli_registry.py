@@ -1,0 +1,102 @@
+"""`ingot push`, `ingot pull` and `ingot sign`: artifacts in OCI registries, and signatures.
+
+Imports stay inside the commands: `ingot pull` runs in an init container with the runtime
+install only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+__all__ = ["register"]
+
+_INSECURE_HELP = (
+    "Plain HTTP to a registry that is not on this machine (loopback registries always use it)."
+)
+
+
+def _fail(message: str) -> None:
+    click.secho(f"error: {message}", fg="red", err=True)
+    sys.exit(1)
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    from ingot.artifacts import ArtifactError
+    from ingot.artifacts.reference import InvalidReference
+    from ingot.artifacts.registry_client import RegistryError
+
+    return ArtifactError, RegistryError, InvalidReference
+
+
+def register(main: click.Group) -> None:
+    @main.command()
+    @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+    @click.argument("reference")
+    @click.option("--insecure", is_flag=True, help=_INSECURE_HELP)
+    @click.option("--json", "as_json", is_flag=True, help="Print reference, digest and tag.")
+    def push(artifact: str, reference: str, insecure: bool, as_json: bool) -> None:
+        """Verify ARTIFACT and push it to REFERENCE (oci://HOST[:PORT]/REPO:TAG) as a CNCF
+        ModelPack artifact. Prints the manifest digest to pin in production."""
+        from ingot.artifacts.oci import push as run_push
+
+        try:
+            result = run_push(artifact, reference, insecure=insecure)
+        except _user_errors() as e:
+            _fail(f"push of {artifact} failed: {e}")
+        if as_json:
+            click.echo(json.dumps(result.to_json()))
+        else:
+            click.echo(result.digest)
+
+    @main.command()
+    @click.argument("reference")
+    @click.option(
+        "--out", type=click.Path(file_okay=False), default=None,
+        help="Artifact directory to create (default: inside the local store).",
+    )  # fmt: skip
+    @click.option(
+        "--verify-key", type=click.Path(exists=True, dir_okay=False), default=None,
+        help="PEM public key: the artifact must carry a valid signature by it.",
+    )  # fmt: skip
+    @click.option("--insecure", is_flag=True, help=_INSECURE_HELP)
+    @click.option("--json", "as_json", is_flag=True, help="Print path, reference and digest.")
+    def pull(
+        reference: str, out: str | None, verify_key: str | None, insecure: bool, as_json: bool
+    ) -> None:
+        """Pull REFERENCE (oci://HOST[:PORT]/REPO:TAG or …@sha256:DIGEST) into the local store
+        ($INGOT_STORE_DIR, default ~/.cache/ingot) and lay it out as a verified artifact
+        directory. Interrupted pulls resume; nothing unverified is left at --out."""
+        from ingot.artifacts.oci import pull as run_pull
+        from ingot.artifacts.signing import verify_signature
+
+        check = (lambda root: verify_signature(root, verify_key)) if verify_key else None
+        try:
+            result = run_pull(reference, out=out, insecure=insecure, check=check)
+        except _user_errors() as e:
+            _fail(f"pull of {reference} failed: {e}")
+        if as_json:
+            click.echo(json.dumps(result.to_json()))
+        else:
+            click.echo(f"{result.path}  {result.reference}")
+
+    @main.command()
+    @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+    @click.option(
+        "--key", required=True, type=click.Path(exists=True, dir_okay=False),
+        help="PEM elliptic-curve private key (P-256/384/521); an encrypted key's password is "
+        "read from $INGOT_SIGNING_KEY_PASSWORD.",
+    )  # fmt: skip
+    def sign(artifact: str, key: str) -> None:
+        """Sign ARTIFACT's manifest.json into ARTIFACT/model.sig (sigstore model_signing,
+        key-based, offline). The manifest lists every file's sha256, so this covers them all."""
+        from ingot.artifacts.signing import sign_artifact
+
+        try:
+            signature = sign_artifact(Path(artifact), Path(key))
+        except _user_errors() as e:
+            _fail(f"signing {artifact} failed: {e}")
+        click.echo(f"signed  {signature}")

@@ -1,0 +1,146 @@
+"""Offline batch generation, vLLM's way: ``LLM(path).generate(prompts, params)``.
+
+    from ingot import LLM, SamplingParams
+    llm = LLM("out/demo")
+    for out in llm.generate(["The os module"], SamplingParams(max_tokens=32, temperature=0)):
+        print(out.prompt, out.outputs[0].text)
+
+The same engine as the server (scheduler, paged KV cache, prefix caching); no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ingot.runtime.generate import Completion
+from ingot.runtime.model import DEFAULT_KV_CACHE_BYTES, LoadedModel
+from ingot.runtime.sampling import SamplingParams
+from ingot.runtime.tokenizer import TextTokenizer
+
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "resolve_model"]
+
+Prompt = str | dict[str, Any]  # text, or {"prompt_token_ids": [...]} as vLLM's TokensPrompt
+Message = dict[str, Any]  # {"role": ..., "content": ...}
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, float]] | None = None  # per token: sampled + top-n {id: logprob}
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+
+
+def resolve_model(model: str | Path) -> Path:
+    """The local artifact directory for `model`. The one place a model reference is resolved:
+    registry references (oci://...) are pulled into the local store here."""
+    from ingot.artifacts.store import resolve_artifact
+
+    return resolve_artifact(model)
+
+
+class LLM:
+    """One artifact, loaded and verified, with a generator over its KV cache."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        kv_cache_memory: int = DEFAULT_KV_CACHE_BYTES,
+        max_num_seqs: int = 16,
+        max_num_batched_tokens: int = 2048,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        """`kv_cache_memory`: bytes of KV cache (keys and values of every layer)."""
+        self.model = LoadedModel.load(
+            resolve_model(model),
+            kv_cache_bytes=kv_cache_memory,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+        )
+        self.generator = self.model.generator()
+        self._next_id = 0
+
+    def get_tokenizer(self) -> TextTokenizer:
+        return self.model.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Complete every prompt, batched; results in the order of `prompts`."""
+        if isinstance(prompts, str | dict):
+            prompts = [prompts]
+        texts = [p if isinstance(p, str) else None for p in prompts]
+        ids = [self._prompt_ids(p) for p in prompts]
+        return self._run(texts, ids, sampling_params)
+
+    def chat(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Reply to one conversation or a list of them, through the artifact's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tokenizer = self.model.tokenizer
+        texts = [
+            tokenizer.apply_chat_template(list(c), add_generation_prompt) for c in conversations
+        ]
+        # The template writes the special tokens (BOS) itself.
+        ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        return self._run(texts, ids, sampling_params)
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.model.tokenizer.encode(prompt)
+        if set(prompt) != {"prompt_token_ids"}:
+            raise ValueError(f"a prompt is a str or {{'prompt_token_ids': [...]}}, got {prompt!r}")
+        return list(prompt["prompt_token_ids"])
+
+    def _run(
+        self,
+        texts: list[str | None],
+        ids: list[list[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+    ) -> list[RequestOutput]:
+        completions = self.generator.generate(ids, sampling_params or SamplingParams())
+        outputs = []
+        for text, completion in zip(texts, completions, strict=True):
+            outputs.append(
+                RequestOutput(
+                    request_id=str(self._next_id),
+                    prompt=text,
+                    prompt_token_ids=completion.prompt_token_ids,
+                    outputs=[_completion_output(completion)],
+                )
+            )
+            self._next_id += 1
+        return outputs
+
+
+def _completion_output(c: Completion) -> CompletionOutput:
+    if c.logprobs is None or c.top_logprobs is None:
+        return CompletionOutput(0, c.text, c.token_ids, c.finish_reason)
+    # vLLM's shape: each position's dict holds the top-n and the sampled token.
+    per_token = [
+        {**top, token: lp}
+        for token, lp, top in zip(c.token_ids, c.logprobs, c.top_logprobs, strict=True)
+    ]
+    return CompletionOutput(0, c.text, c.token_ids, c.finish_reason, sum(c.logprobs), per_token)

@@ -1,0 +1,15 @@
+"""pipeline/evaluate: quality of the quantized model against the original (perplexity)."""
+
+from .perplexity import perplexity, token_windows
+from .report import EvalGateError, check_perplexity_gate, perplexity_summary
+from .text import EvalText, load_eval_text
+
+__all__ = [
+    "EvalGateError",
+    "EvalText",
+    "check_perplexity_gate",
+    "load_eval_text",
+    "perplexity",
+    "perplexity_summary",
+    "token_windows",
+]

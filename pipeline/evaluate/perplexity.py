@@ -1,0 +1,54 @@
+"""Perplexity over fixed, consecutive, non-overlapping token windows, in fp32.
+
+The same windows score the original and the quantized model, so the two numbers differ only
+by the weights. A window of L tokens is scored on its L - 1 next-token predictions; windows do
+not see each other (no sliding context), which makes each number reproducible on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = ["tokenize", "token_windows", "perplexity"]
+
+
+def tokenize(text: str, tokenizer_json: Path) -> list[int]:
+    """Token ids of `text` with the checkpoint's tokenizer, without special tokens."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer_json)).encode(text, add_special_tokens=False).ids
+
+
+def token_windows(ids: list[int], seq_len: int, max_windows: int | None = None) -> torch.Tensor:
+    """[W, seq_len] int64: the first W full windows of `ids` (a partial tail is dropped)."""
+    count = len(ids) // seq_len
+    if count == 0:
+        raise ValueError(
+            f"evaluate.perplexity: the dataset has {len(ids)} tokens, fewer than one window "
+            f"of seq_len {seq_len}; use more text or a smaller seq_len"
+        )
+    if max_windows is not None:
+        count = min(count, max_windows)
+    return torch.tensor(ids[: count * seq_len], dtype=torch.int64).view(count, seq_len)
+
+
+@torch.inference_mode()
+def perplexity(model: nn.Module, windows: torch.Tensor, batch_size: int = 8) -> float:
+    """exp(mean next-token NLL) of `model` (forward(ids) -> (logits, ...)) over `windows`."""
+    total = 0.0  # summed in float64: thousands of windows would lose digits in fp32
+    scored = 0
+    for batch in windows.split(batch_size):  # batch: [B, L]
+        logits = model(batch)[0]  # [B, L, V]
+        targets = batch[:, 1:]  # [B, L - 1]
+        nll = nn.functional.cross_entropy(
+            logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+            targets.reshape(-1),
+            reduction="sum",
+        )
+        total += float(nll.double())
+        scored += targets.numel()
+    return math.exp(total / scored)

@@ -1,0 +1,124 @@
+"""Recipe checks for `interop`, run with the other recipe checks before any build work.
+
+Each format stores what it can: GPTQ v1 one bits / group size / symmetry for every decoder
+linear; AWQ GEMM 4-bit with zero points in groups; compressed-tensors anything integer.
+Packing into int32 needs widths divisible by the values per word.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..recipe_checks import linear_module_names, module_selected
+from ..recipe_errors import format_problem
+
+__all__ = ["interop_problems"]
+
+
+def interop_problems(recipe: Any, model_config: dict[str, Any]) -> list[str]:
+    """One line per way the recipe's `interop` formats cannot hold its quantized model."""
+    if not recipe.interop:
+        return []
+    if not recipe.quantize:
+        return ["interop: the interop formats hold quantized weights; add a quantize section"]
+    modules = linear_module_names(model_config)
+    entry_of = {
+        m: i
+        for i, entry in enumerate(recipe.quantize)
+        for m in modules
+        if module_selected(m, entry.targets, entry.ignore)
+    }
+    problems = []
+    for i, entry in enumerate(recipe.quantize):
+        if not isinstance(getattr(entry, "bits", None), int):
+            what = "interop formats store integer weights; this method has no bits"
+            problems.append(format_problem(f"quantize.{i}.method", what, entry.method))
+    for j, fmt in enumerate(recipe.interop):
+        if fmt == "awq":
+            problems += _awq(recipe, entry_of)
+        if fmt == "gptq":
+            problems += _gptq(j, recipe, modules, entry_of)
+        if fmt in ("awq", "gptq"):
+            problems += _widths(j, fmt, recipe, entry_of, model_config)
+    return problems
+
+
+def _settings(entry: Any) -> tuple[Any, ...]:
+    return tuple(getattr(entry, key, None) for key in ("bits", "group_size", "symmetric"))
+
+
+def _awq(recipe: Any, entry_of: dict[str, int]) -> list[str]:
+    problems = []
+    for i, entry in enumerate(recipe.quantize):
+        bits, group_size, symmetric = _settings(entry)
+        if bits != 4:
+            what = "interop awq (GEMM) packs 4-bit weights only"
+            problems.append(format_problem(f"quantize.{i}.bits", what, bits, "4"))
+        if symmetric is not False:
+            what = "interop awq stores zero points; quantize asymmetrically"
+            problems.append(format_problem(f"quantize.{i}.symmetric", what, symmetric, "false"))
+        if group_size == -1:
+            what = "interop awq needs groups, not per-channel scales"
+            problems.append(format_problem(f"quantize.{i}.group_size", what, -1, "32, 64, 128"))
+    if "lm_head" in entry_of:
+        i = entry_of["lm_head"]
+        what = "interop awq keeps lm_head float (AWQ checkpoints never quantize it)"
+        problems.append(format_problem(f"quantize.{i}.ignore", what, show_got=False))
+    return problems
+
+
+def _gptq(j: int, recipe: Any, modules: list[str], entry_of: dict[str, int]) -> list[str]:
+    problems = []
+    settings = {_settings(recipe.quantize[i]) for i in set(entry_of.values())}
+    if len(settings) > 1:
+        problems.append(
+            f"interop.{j}: gptq states one bits / group_size / symmetric for the whole model, "
+            f"the quantize entries use {len(settings)} (use compressed-tensors)"
+        )
+    left_float = [m for m in modules if m != "lm_head" and m not in entry_of]
+    if left_float:
+        problems.append(
+            f"interop.{j}: gptq (v1) quantizes every decoder linear; the recipe leaves "
+            f"{len(left_float)} float (e.g. {left_float[0]}); use compressed-tensors"
+        )
+    return problems
+
+
+def _widths(
+    j: int, fmt: str, recipe: Any, entry_of: dict[str, int], cfg: dict[str, Any]
+) -> list[str]:
+    # GPTQ packs K and N, AWQ packs N, into words of 32 / bits values.
+    problems = []
+    for module, i in entry_of.items():
+        bits = getattr(recipe.quantize[i], "bits", None)
+        if not isinstance(bits, int) or 32 % bits:
+            continue
+        per = 32 // bits
+        k, n = _shape(module, cfg)
+        packed = (("N", n), ("K", k)) if fmt == "gptq" else (("N", n),)
+        for label, width in packed:
+            if width % per:
+                problems.append(
+                    f"interop.{j}: {fmt} packs {per} values per int32, but {module} has "
+                    f"{label} = {width}"
+                )
+    return problems
+
+
+def _shape(module: str, cfg: dict[str, Any]) -> tuple[int, int]:
+    """(input width K, output width N) of a linear, from config.json."""
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or hidden // heads
+    kv = cfg.get("num_key_value_heads") or heads
+    inter = cfg["intermediate_size"]
+    leaf = module.rpartition(".")[2]
+    return {
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv * head_dim),
+        "v_proj": (hidden, kv * head_dim),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+        "lm_head": (hidden, cfg["vocab_size"]),
+    }[leaf]

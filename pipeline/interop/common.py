@@ -1,0 +1,176 @@
+"""What the interop writers share: HF tensor names, the IR's quantized linears, the files
+around the weights (config.json, tokenizer) and the packing of small integers into int32."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from ..model.llama import LlamaModel
+from ..model.qlinear import QuantizedLinear
+from .errors import InteropError
+
+__all__ = [
+    "InteropError",
+    "hf_name",
+    "split_model",
+    "group_index",
+    "has_act_order",
+    "unsigned_codes",
+    "common_group_size",
+    "pack_along_rows",
+    "write_checkpoint",
+    "DENSE_DTYPE",
+    "dense_tensors",
+]
+
+# Engines run these int4 / int8 checkpoints with fp16 activations; float tensors follow.
+DENSE_DTYPE = torch.float16
+
+# IR name -> HF name: the inverse of model/load.py's renames.
+_HF_RENAMES = (
+    (r"^embed_tokens\.", "model.embed_tokens."),
+    (r"^norm\.", "model.norm."),
+    (r"^layers\.(\d+)\.attn_norm\.", r"model.layers.\1.input_layernorm."),
+    (r"^layers\.(\d+)\.mlp_norm\.", r"model.layers.\1.post_attention_layernorm."),
+    (r"^layers\.(\d+)\.attn\.", r"model.layers.\1.self_attn."),
+    (r"^layers\.(\d+)\.mlp\.", r"model.layers.\1.mlp."),
+)
+# Files that make a checkpoint directory usable besides config.json and the weights.
+_SIDE_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+)
+
+
+def hf_name(ir_name: str) -> str:
+    """`layers.0.attn.q_proj` -> `model.layers.0.self_attn.q_proj` (lm_head is unchanged)."""
+    for pattern, repl in _HF_RENAMES:
+        name, n = re.subn(pattern, repl, ir_name)
+        if n:
+            return name
+    return ir_name
+
+
+def split_model(model: LlamaModel) -> tuple[dict[str, QuantizedLinear], dict[str, torch.Tensor]]:
+    """({IR module name: quantized linear}, {IR tensor name: float tensor}) of `model`.
+
+    A quantized linear's own tensors (codes, scales, zero points, g_idx, bias) are not in the
+    float dict; each writer stores them its own way. A tied lm_head is left out.
+    """
+    quantized = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    dense = {
+        name: tensor
+        for name, tensor in model.state_dict().items()
+        if tensor is not None and name.rpartition(".")[0] not in quantized
+    }
+    if getattr(model.lm_head, "weight", None) is model.embed_tokens.weight:
+        dense.pop("lm_head.weight", None)
+    return quantized, dense
+
+
+def group_index(q: QuantizedLinear) -> torch.Tensor:
+    """[K] int64: the group of each input channel (contiguous groups unless act-order)."""
+    if q.g_idx is not None:
+        return q.g_idx.to(torch.int64)
+    return torch.arange(q.in_features) // q.group_size
+
+
+def has_act_order(q: QuantizedLinear) -> bool:
+    """True when channels are not grouped contiguously (GPTQ act-order without static groups)."""
+    if q.g_idx is None:
+        return False
+    return not torch.equal(q.g_idx.to(torch.int64), torch.arange(q.in_features) // q.group_size)
+
+
+def unsigned_codes(q: QuantizedLinear) -> tuple[np.ndarray, np.ndarray]:
+    """(codes [N, K], zero points [N, G]) as uint32 in [0, 2^bits): ingot's signed symmetric
+    codes c (zero 0) become c + 2^(bits-1) with zero 2^(bits-1), which dequantizes the same."""
+    codes = q.codes.to(torch.int64)
+    groups = q.scales.shape[1]
+    if q.zero_points is None:
+        offset = 2 ** (q.bits - 1)
+        zeros = torch.full((q.out_features, groups), offset, dtype=torch.int64)
+        codes = codes + offset
+    else:
+        zeros = q.zero_points.to(torch.int64)
+    return codes.numpy().astype(np.uint32), zeros.numpy().astype(np.uint32)
+
+
+def common_group_size(modules: dict[str, QuantizedLinear], fmt: str) -> int:
+    """The one group size a whole-model config can state (-1: per output channel).
+
+    A module with a single group fits any group size at least its width.
+    """
+    grouped = {q.group_size for q in modules.values() if q.scales.shape[1] > 1}
+    if len(grouped) > 1:
+        raise InteropError(
+            f"interop {fmt}: modules use group sizes {sorted(grouped)}; "
+            "the format states one for the whole model"
+        )
+    size = grouped.pop() if grouped else -1
+    for name, q in modules.items():
+        if q.scales.shape[1] == 1 and size != -1 and q.in_features > size:
+            raise InteropError(
+                f"interop {fmt}: {name} is per-channel while other modules use groups of {size}"
+            )
+    return size
+
+
+def pack_along_rows(values: np.ndarray, bits: int, order: tuple[int, ...] | None = None):
+    """[R, C] uint32 values < 2^bits -> [R * bits / 32, C] int32, packed along rows.
+
+    Value j of each run of 32/bits rows goes to bits [bits*i, bits*(i+1)) of the word, where
+    j = order[i] (identity when order is None): GPTQ packs in order, AWQ interleaves.
+    """
+    per = 32 // bits
+    rows, cols = values.shape
+    if rows % per:
+        raise InteropError(f"cannot pack {rows} rows of {bits}-bit values into int32 words")
+    runs = values.reshape(rows // per, per, cols)
+    if order is not None:
+        runs = runs[:, list(order), :]
+    shifts = (np.arange(per, dtype=np.uint32) * bits)[None, :, None]
+    words = np.bitwise_or.reduce(runs << shifts, axis=1).astype(np.uint32)
+    return torch.from_numpy(words.view(np.int32).copy())
+
+
+def write_checkpoint(
+    out: Path,
+    source: Path,
+    tensors: dict[str, torch.Tensor],
+    quantization_config: dict[str, Any] | None,
+    *,
+    untie: bool = False,
+) -> None:
+    """config.json (the source's, plus quantization_config), model.safetensors, tokenizer."""
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    dtype_key = "dtype" if "dtype" in config else "torch_dtype"
+    config[dtype_key] = str(DENSE_DTYPE).removeprefix("torch.")
+    if untie:  # a quantized lm_head cannot share the float embedding's tensor
+        config["tie_word_embeddings"] = False
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    ordered = {name: tensors[name].contiguous() for name in sorted(tensors)}
+    save_file(ordered, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for name in _SIDE_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, out / name)
+
+
+def dense_tensors(dense: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The float tensors under their HF names, in the checkpoints' float dtype."""
+    return {hf_name(name): t.to(DENSE_DTYPE) for name, t in dense.items()}

@@ -1,0 +1,254 @@
+"""`ingot plan`: peak memory and time per stage, estimated from config.json and the recipe alone.
+
+Nothing is loaded, hashed or tokenized: the estimates come from the model's shapes, the file
+sizes on disk and a few throughput constants, stated here so a reader can judge them. They were
+chosen on the project's reference machine (2 CPU cores, fp32 PyTorch) and are deliberately
+round; expect the right order of magnitude, not the second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .model.config import ModelConfig
+from .recipe import CALIBRATED_METHODS, Recipe
+
+__all__ = [
+    "CONSTANTS",
+    "Plan",
+    "StageEstimate",
+    "format_bytes",
+    "format_seconds",
+    "plan_build",
+    "read_hf_config",
+]
+
+CONSTANTS = {
+    "flops_per_second": 30e9,  # fp32 matmul throughput of torch on the reference machine
+    "tokenize_bytes_per_second": 1e6,  # tokenizers, byte-level BPE, one thread
+    "disk_bytes_per_second": 300e6,  # read + hash + write of weights
+    "onnx_bytes_per_second": 40e6,  # ONNX graph building / serializing / ORT optimizing
+    "runtime_baseline_bytes": 400 * 2**20,  # python + torch + onnx imported
+    "chunk_bytes": 64 * 2**20,  # widest intermediate of a calibration forward chunk (x ~4 live)
+    "forward_passes_per_layer": 3.0,  # true-sequential partial passes + the propagation pass
+    "awq_sample_tokens": 4096,
+    "awq_grid": 21,  # 20 scale candidates + plain rounding
+}
+
+
+@dataclass(slots=True)
+class StageEstimate:
+    stage: str
+    peak_bytes: int
+    seconds: float
+    notes: str = ""
+
+
+@dataclass(slots=True)
+class Plan:
+    model: dict[str, Any]
+    stages: list[StageEstimate] = field(default_factory=list)
+
+    @property
+    def peak(self) -> StageEstimate:
+        return max(self.stages, key=lambda s: s.peak_bytes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "stages": [asdict(s) for s in self.stages],
+            "peak_bytes": self.peak.peak_bytes,
+            "peak_stage": self.peak.stage,
+            "total_seconds": sum(s.seconds for s in self.stages),
+            "constants": CONSTANTS,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Shapes:
+    cfg: ModelConfig
+
+    @property
+    def layer_params(self) -> int:
+        c = self.cfg
+        attn = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+        return attn + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
+
+    @property
+    def embed_params(self) -> int:
+        return self.cfg.vocab_size * self.cfg.hidden_size
+
+    @property
+    def params(self) -> int:
+        head = 0 if self.cfg.tie_word_embeddings else self.embed_params
+        return self.cfg.num_layers * self.layer_params + self.embed_params + head
+
+    def linears(self) -> list[tuple[int, int]]:
+        """(out, in) of each linear of one layer."""
+        c = self.cfg
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        h, f = c.hidden_size, c.intermediate_size
+        return [(q, h), (kv, h), (kv, h), (h, q), (f, h), (f, h), (h, f)]
+
+
+def plan_build(
+    recipe: Recipe, recipe_path: Path, hf_config: dict[str, Any], source_dir: Path | None
+) -> Plan:
+    """The estimate for building ``recipe`` (loaded from ``recipe_path``); ``source_dir`` is
+    the local checkpoint (None for a hub source: its size is then taken from the shapes)."""
+    cfg = ModelConfig.from_hf(hf_config)
+    shapes = _Shapes(cfg)
+    if source_dir is not None:
+        weights = sum(f.stat().st_size for f in source_dir.glob("*.safetensors"))
+    else:
+        weights = shapes.params * 2
+    plan = Plan(
+        {
+            "architecture": cfg.architecture,
+            "layers": cfg.num_layers,
+            "hidden_size": cfg.hidden_size,
+            "params": shapes.params,
+            "weights_bytes_on_disk": weights,
+        }
+    )
+    base = CONSTANTS["runtime_baseline_bytes"]
+    disk = CONSTANTS["disk_bytes_per_second"]
+    plan.stages.append(StageEstimate("source", base, weights / disk, "hash the weight files"))
+    specs = [q.model_dump() for q in recipe.quantize]
+    calibrated = [s for s in specs if s["method"] in CALIBRATED_METHODS]
+    if calibrated and recipe.calibration is not None:
+        plan.stages.append(_calibrate(recipe, recipe_path))
+        plan.stages.append(_quantize_layerwise(shapes, recipe, calibrated))
+    else:
+        fp32 = shapes.params * 4
+        note = "whole model in fp32 + codes" if specs else "no quantization: copy to the IR"
+        plan.stages.append(StageEstimate("quantize", base + 2 * fp32, 2 * fp32 / disk, note))
+    onnx_bytes = _quantized_bytes(shapes, specs)
+    ir_bytes = shapes.params * 4 + onnx_bytes
+    onnx_rate = CONSTANTS["onnx_bytes_per_second"]
+    plan.stages.append(
+        StageEstimate(
+            "export",
+            base + 3 * ir_bytes,
+            ir_bytes / onnx_rate,
+            "IR + graph + check session",
+        )
+    )
+    for target in recipe.targets:
+        name = f"engine:{target.engine}-{target.device}"
+        plan.stages.append(StageEstimate(name, base + 3 * onnx_bytes, onnx_bytes / onnx_rate))
+    evaluation = _evaluate(shapes, recipe)
+    if evaluation is not None:
+        plan.stages.append(evaluation)
+    plan.stages.append(StageEstimate("package", base, 2 * onnx_bytes / disk, "copy + sha256"))
+    return plan
+
+
+def _quantized_bytes(shapes: _Shapes, specs: list[dict[str, Any]]) -> int:
+    """Size of the exported weights: quantized layers at their bits, the rest fp32."""
+    if not specs:
+        return shapes.params * 4
+    bits = min(s["bits"] for s in specs)
+    layers = shapes.cfg.num_layers * shapes.layer_params
+    return int(layers * bits / 8 * 1.1) + (shapes.params - layers) * 4
+
+
+def _calibrate(recipe: Recipe, recipe_path: Path) -> StageEstimate:
+    cal = recipe.calibration
+    path = Path(os.path.expanduser(cal.dataset))
+    if not path.is_absolute():
+        path = recipe_path.absolute().parent / path
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+    size = sum(p.stat().st_size for p in files if p.exists())
+    note = f"{cal.samples} x {cal.seq_len} tokens"
+    note += f" from {size / 2**20:.1f} MiB of data" if size else " (hub dataset: size unknown)"
+    seconds = size / CONSTANTS["tokenize_bytes_per_second"]
+    return StageEstimate("calibrate", CONSTANTS["runtime_baseline_bytes"] + 6 * size, seconds, note)
+
+
+def _quantize_layerwise(shapes: _Shapes, recipe: Recipe, specs) -> StageEstimate:
+    from ingot.calibration.activations import budget_from_env
+
+    c, cal = shapes.cfg, recipe.calibration
+    tokens = cal.samples * cal.seq_len
+    acts = tokens * c.hidden_size * 4  # one store: [N, T, hidden] fp32
+    budget = budget_from_env()
+    spilled = 2 * acts > budget
+    act_bytes = 2 * CONSTANTS["chunk_bytes"] if spilled else 2 * acts
+    methods = {s["method"] for s in specs}
+    widest_in = max(k for _, k in shapes.linears())
+    hessian = widest_in**2 * 4 * 2 if "gptq" in methods else 0
+    layer = shapes.layer_params * 4 * 3  # float layer, its quantized form, a dequantized view
+    peak = (
+        CONSTANTS["runtime_baseline_bytes"]
+        + layer
+        + act_bytes
+        + hessian
+        + 4 * CONSTANTS["chunk_bytes"]
+        + shapes.embed_params * 4
+    )
+    flops = CONSTANTS["flops_per_second"]
+    attention = 4 * cal.samples * cal.seq_len**2 * c.num_heads * c.head_dim
+    forward = 2 * shapes.layer_params * tokens + attention
+    per_layer = CONSTANTS["forward_passes_per_layer"] * forward
+    if "gptq" in methods:
+        # Hessians (2 n K^2 per input), Cholesky + inverse (~K^3), the column updates (2 N K^2).
+        inputs = {k for _, k in shapes.linears()}
+        per_layer += sum(2 * tokens * k * k + k**3 for k in inputs)
+        per_layer += sum(2 * n * k * k for n, k in shapes.linears())
+    if "awq" in methods:
+        sample = min(tokens, CONSTANTS["awq_sample_tokens"])
+        per_layer += CONSTANTS["awq_grid"] * 2 * forward * sample / tokens
+        per_layer += sum(10 * 2 * 512 * n * k for n, k in shapes.linears())  # clip search
+    seconds = c.num_layers * per_layer / flops
+    where = f"spilled to disk past the {budget / 2**30:.1f} GiB budget" if spilled else "in memory"
+    note = (
+        f"{'/'.join(sorted(methods))} layer by layer: one layer {layer / 2**20:.0f} MiB, "
+        f"activations 2 x {acts / 2**20:.0f} MiB ({where}), Hessians {hessian / 2**20:.0f} MiB"
+    )
+    return StageEstimate("quantize", int(peak), seconds, note)
+
+
+def _evaluate(shapes: _Shapes, recipe: Recipe) -> StageEstimate | None:
+    section = getattr(recipe, "evaluate", None)
+    ppl = getattr(section, "perplexity", None) if section is not None else None
+    if ppl is None:
+        return None
+    windows = ppl.max_windows or 64  # unknown until the text is tokenized: assume 64
+    tokens = windows * ppl.seq_len
+    seconds = 2 * 2 * shapes.params * tokens / CONSTANTS["flops_per_second"]
+    peak = CONSTANTS["runtime_baseline_bytes"] + 2 * shapes.params * 4
+    vocab_logits = 16 * ppl.seq_len * shapes.cfg.vocab_size * 4
+    note = f"original + quantized over {'~' if not ppl.max_windows else ''}{windows} windows"
+    return StageEstimate("evaluate", peak + vocab_logits, seconds, note)
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def format_seconds(s: float) -> str:
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def read_hf_config(source: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
+    """config.json of the recipe's source without fetching weights: (config, local dir | None)."""
+    if "path" in source:
+        path = Path(source["path"])
+        return json.loads((path / "config.json").read_text()), path
+    from huggingface_hub import hf_hub_download
+
+    file = hf_hub_download(source["hub"], "config.json", revision=source["revision"])
+    return json.loads(Path(file).read_text()), None

@@ -1,0 +1,187 @@
+"""GPTQ (Frantar et al., 2022): quantize a weight column by column, pushing each column's
+rounding error onto the columns not yet quantized, weighted by the inverse Hessian of the
+layer-wise squared error, H = 2/n * sum x x^T over the calibration inputs x of the linear.
+
+- Damping: ``dampening_frac`` * mean(diag H) is added to the diagonal (and multiplied by 10,
+  up to three times, should H still not be positive definite).
+- Lazy block updates: columns are processed in blocks of ``block_size``; the error of a block
+  reaches the columns after it in one matrix product.
+- Act order (``actorder``): columns are visited in order of decreasing diag(H), the channels
+  with the largest inputs first, while the most error-absorbing columns remain.
+- Static groups (``static_groups``): each group's scale and zero point are computed from the
+  original weights *before* the permutation, over contiguous input channels, as in AutoGPTQ's
+  static groups and llm-compressor's `actorder: static/weight`. Without them the parameters of a
+  group are taken from the error-updated weights when the group's first column is reached.
+
+**Act order and export.** Act order with dynamic groups gives each group a scattered set of
+input channels (a non-trivial ``g_idx``), which a blocked ``DequantizeLinear`` cannot express
+without permuting the activations at run time. ingot therefore pairs act order with static
+groups: the visiting order is permuted, the groups are not, so ``g_idx`` is the identity and is
+dropped, and the layer exports as a plain blocked DequantizeLinear -> MatMul with no run-time
+cost. The recipe refuses ``actorder: true`` with ``static_groups: false`` (for group sizes other
+than -1); `gptq_quantize` itself still supports it and returns the ``g_idx``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..model.qlinear import QuantizedLinear
+from .rtn import quantize_weight, round_to_codes
+from .threads import solver_threads
+
+__all__ = ["gptq_quantize", "quantize_linear_gptq", "GptqError"]
+
+_DAMPING_RETRIES = 3
+
+
+class GptqError(ValueError):
+    """The Hessian stayed singular even after extra damping."""
+
+
+def _inverse_hessian_cholesky(h: torch.Tensor, dampening_frac: float) -> torch.Tensor:
+    """Upper Cholesky factor of H^-1 (the form GPTQ's updates read rows from)."""
+    damp = dampening_frac * torch.mean(torch.diag(h))
+    eye = torch.eye(h.shape[0], dtype=h.dtype)
+    for _ in range(_DAMPING_RETRIES + 1):
+        factor, info = torch.linalg.cholesky_ex(h + damp * eye)
+        if info == 0:
+            inverse = torch.cholesky_inverse(factor)
+            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+            if info == 0:
+                return upper
+        damp = damp * 10
+    raise GptqError("the Hessian is not positive definite even with 1000x the damping")
+
+
+def gptq_quantize(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    *,
+    bits: int,
+    group_size: int,
+    symmetric: bool,
+    actorder: bool = True,
+    static_groups: bool = True,
+    dampening_frac: float = 0.01,
+    block_size: int = 128,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """weight [N, K], hessian [K, K] -> codes [N, K], scales [N, G], zero_points [N, G] | None,
+    g_idx [K] | None (None: contiguous groups). Codes follow `quantize_weight`'s conventions."""
+    with solver_threads(weight.shape[1]):
+        return _gptq(
+            weight,
+            hessian,
+            bits=bits,
+            group_size=group_size,
+            symmetric=symmetric,
+            actorder=actorder,
+            static_groups=static_groups,
+            dampening_frac=dampening_frac,
+            block_size=block_size,
+        )
+
+
+def _gptq(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    *,
+    bits: int,
+    group_size: int,
+    symmetric: bool,
+    actorder: bool = True,
+    static_groups: bool = True,
+    dampening_frac: float = 0.01,
+    block_size: int = 128,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    n, k = weight.shape
+    g = k if group_size == -1 else group_size
+    w = weight.detach().to(torch.float32).clone()
+    h = hessian.detach().to(torch.float32).clone()
+    dead = torch.diag(h) == 0  # channels never active in the calibration data
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+
+    # Static parameters: from the original weights, contiguous groups of the original order.
+    fixed = static_groups or g == k
+    scales = torch.empty(n, k // g)
+    zeros = None if symmetric else torch.empty(n, k // g)
+    if fixed:
+        _, scales, zeros = quantize_weight(w, bits, group_size, symmetric)
+        zeros = None if zeros is None else zeros.to(torch.float32)
+
+    perm = torch.argsort(torch.diag(h), descending=True, stable=True) if actorder else None
+    if perm is not None:
+        w, h = w[:, perm], h[perm][:, perm]
+    hinv = _inverse_hessian_cholesky(h, dampening_frac)
+
+    # Columns of W are rows here ([K, N]): every per-column step reads and writes contiguously.
+    wt = w.T.contiguous()
+    codes = torch.empty(k, n)
+    for i1 in range(0, k, block_size):
+        i2 = min(i1 + block_size, k)
+        w1 = wt[i1:i2].clone()  # [B, N]
+        err1 = torch.zeros_like(w1)
+        hinv1 = hinv[i1:i2, i1:i2]
+        for j in range(i2 - i1):
+            col = i1 + j
+            if fixed:
+                group = (int(perm[col]) if perm is not None else col) // g
+            else:
+                group = col // g  # groups follow the visiting order
+                if col % g == 0:
+                    # The group's current (error-updated) columns: this block's, then later ones.
+                    current = torch.cat((w1[j:], wt[i2:]))[:g].T
+                    _, s, z = quantize_weight(current, bits, -1, symmetric)
+                    scales[:, group] = s[:, 0]
+                    if zeros is not None:
+                        zeros[:, group] = z[:, 0].to(torch.float32)
+            s = scales[:, group]
+            z = None if zeros is None else zeros[:, group]
+            q = round_to_codes(w1[j], s, z, bits)
+            codes[col] = q
+            deq = q * s if z is None else (q - z) * s
+            err = (w1[j] - deq) / hinv1[j, j]
+            w1[j:].addr_(hinv1[j, j:], err, alpha=-1)  # the rest of the block absorbs it
+            err1[j] = err
+        wt[i2:].addmm_(hinv[i1:i2, i2:].T, err1, alpha=-1)  # lazy update of later blocks
+    codes = codes.T
+
+    g_idx = None
+    if perm is not None:
+        inverse = torch.argsort(perm)
+        codes = codes[:, inverse]
+        if not fixed:
+            g_idx = (torch.arange(k) // g)[inverse]
+    codes = codes.to(torch.int8 if symmetric else torch.uint8)
+    zero_points = None if zeros is None else zeros.to(torch.uint8)
+    return codes, scales, zero_points, g_idx
+
+
+def quantize_linear_gptq(
+    linear: nn.Linear,
+    hessian: torch.Tensor,
+    *,
+    bits: int,
+    group_size: int,
+    symmetric: bool,
+    actorder: bool = True,
+    static_groups: bool = True,
+    dampening_frac: float = 0.01,
+    block_size: int = 128,
+) -> QuantizedLinear:
+    codes, scales, zeros, g_idx = gptq_quantize(
+        linear.weight.data,
+        hessian,
+        bits=bits,
+        group_size=group_size,
+        symmetric=symmetric,
+        actorder=actorder,
+        static_groups=static_groups,
+        dampening_frac=dampening_frac,
+        block_size=block_size,
+    )
+    g = linear.in_features if group_size == -1 else group_size
+    bias = None if linear.bias is None else linear.bias.data.clone()
+    return QuantizedLinear(codes, scales, zeros, bits=bits, group_size=g, bias=bias, g_idx=g_idx)

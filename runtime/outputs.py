@@ -1,0 +1,47 @@
+"""What the generator hands back: per-step token events, finished completions, engine stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+__all__ = ["Completion", "EngineStats", "StepOutput"]
+
+
+@dataclass(slots=True)
+class Completion:
+    """A finished request."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    logprobs: list[float] | None = None  # of each token in token_ids, if requested
+    top_logprobs: list[dict[int, float]] | None = None  # per token, if requested
+
+
+class StepOutput(NamedTuple):
+    """One request's new token from one step."""
+
+    request_id: int
+    token: int
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" once finished
+    text_delta: str = ""  # text decided by this token (stop strings held back, then cut)
+    logprob: float | None = None  # of `token`, if the request asked for logprobs
+    top_logprobs: dict[int, float] | None = None  # {token id: logprob}, most likely first
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot for /metrics (vLLM's gauges and counters)."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # blocks referenced by a sequence / all blocks (0..1)
+    num_preemptions: int  # cumulative
+    prefix_cache_queries: int  # cumulative, prompt tokens looked up
+    prefix_cache_hits: int  # cumulative, of those, tokens found
+    num_blocks: int
+    block_size: int

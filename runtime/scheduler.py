@@ -1,0 +1,226 @@
+"""Iteration-level scheduling: which sequences compute which of their tokens in the next step.
+
+A step is at most two engine calls: one decode batch (every running sequence with one token
+left to compute, i.e. its last sampled token) and one prefill batch (chunks of prompts, padded
+to the longest chunk). Both share one token budget, counted as the engine sees it: decode tokens
+plus the padded size of the prefill call. Decodes go first, so a long prompt never stalls the
+requests already generating; it is prefilled a chunk per step instead (chunked prefill).
+
+Sequences are served first come, first served. When the pool runs out of blocks, the newest
+running sequence not yet scheduled in this step is preempted: its blocks are released and it
+goes back to the front of the waiting queue, to be recomputed from its prompt and output so far
+(with prefix caching on, mostly from its own blocks, still cached). Finished sequences leave at
+once; waiting ones fill their slots in the same step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ingot.runtime.kv_pool import BlockTable, KVPool
+from ingot.runtime.prefix_cache import chain_hashes
+
+__all__ = ["Chunk", "Scheduler", "SchedulerOutput", "Sequence"]
+
+
+@dataclass(slots=True, eq=False)  # identity: two sequences are never "equal"
+class Sequence:
+    """The tokens of one request and where their keys and values are in the pool."""
+
+    id: int
+    token_ids: list[int]  # the prompt, then the output so far
+    num_prompt_tokens: int
+    table: BlockTable
+    block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks
+    num_cached_blocks: int = 0  # leading blocks of `table` the prefix cache knows
+
+    @property
+    def num_computed(self) -> int:
+        """Tokens whose keys and values are in the pool (or being computed this step)."""
+        return self.table.num_tokens
+
+    @property
+    def num_remaining(self) -> int:
+        return len(self.token_ids) - self.table.num_tokens
+
+
+@dataclass(slots=True)
+class Chunk:
+    """`num_tokens` tokens of `seq` from position `start`, computed in one call."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids[self.start : self.start + self.num_tokens]
+
+    @property
+    def completes(self) -> bool:
+        """The last chunk of what the sequence has: its last logits pick the next token."""
+        return self.start + self.num_tokens == len(self.seq.token_ids)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    decode: list[Chunk] = field(default_factory=list)  # one token each
+    prefill: list[Chunk] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.decode or self.prefill)
+
+
+class Scheduler:
+    """Waiting and running queues over one KV pool; blocks are allocated as it schedules."""
+
+    def __init__(
+        self,
+        pool: KVPool,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_seqs ({max_num_seqs}) and max_num_batched_tokens "
+                f"({max_num_batched_tokens}) must be >= 1"
+            )
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.cache = pool.prefix_cache if enable_prefix_caching else None
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order; the last is preempted first
+        self.num_preemptions = 0
+        self.prefix_cache_queries = 0  # tokens of admitted sequences looked up
+        self.prefix_cache_hits = 0  # of those, tokens found in the cache
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """`seq` is done: its blocks go back to the pool (cached ones stay findable)."""
+        self.running.remove(seq)
+        seq.table.release()
+
+    def abort(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.table.release()
+
+    def schedule(self) -> SchedulerOutput:
+        """The chunks of the next step, with blocks allocated for every one of them."""
+        out = SchedulerOutput()
+        scheduled: set[Sequence] = set()
+        preempted = self.num_preemptions
+        budget = self.max_num_batched_tokens
+
+        for seq in [s for s in self.running if s.num_remaining == 1]:
+            if len(out.decode) == budget:
+                break
+            if seq in self.running:
+                self._grow(seq, 1, scheduled, out.decode)
+        budget_left = budget - len(out.decode)
+
+        for seq in [s for s in self.running if s.num_remaining > 1]:
+            allowed = budget_left // (len(out.prefill) + 1)
+            if allowed < max(1, _longest(out.prefill)):
+                break
+            if seq in self.running:
+                self._grow(seq, min(seq.num_remaining, allowed), scheduled, out.prefill)
+
+        # As vLLM: a step that had to preempt admits nobody, or it would preempt again.
+        while self.waiting and self.num_preemptions == preempted:
+            if len(self.running) >= self.max_num_seqs:
+                break
+            allowed = budget_left // (len(out.prefill) + 1)
+            if allowed < max(1, _longest(out.prefill)) or not self._admit(allowed, out.prefill):
+                break
+        return out
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """After a call: hash the blocks of `seq` it filled, so later prompts can share them."""
+        if self.cache is None:
+            return
+        full = seq.num_computed // self.block_size
+        if full <= seq.num_cached_blocks:
+            return
+        chain_hashes(seq.token_ids, self.block_size, full, seq.block_hashes)
+        for i in range(seq.num_cached_blocks, full):
+            self.cache.insert(seq.table.block_ids[i], seq.block_hashes[i])
+        seq.num_cached_blocks = full
+
+    def _grow(self, seq: Sequence, n: int, scheduled: set[Sequence], into: list[Chunk]) -> int:
+        """Schedule up to `n` more tokens of running `seq` (as many as fit), preempting the
+        newest sequence not yet scheduled until some fit; 0 if `seq` itself was preempted."""
+        while True:
+            fit = min(n, self._capacity(seq))
+            if fit:
+                into.append(Chunk(seq, seq.num_computed, fit))
+                seq.table.slots_for(fit)
+                scheduled.add(seq)
+                return fit
+            victim = next(s for s in reversed(self.running) if s not in scheduled)
+            self._preempt(victim)
+            if victim is seq:
+                return 0
+
+    def _capacity(self, seq: Sequence) -> int:
+        """How many more tokens `seq` can take with the blocks it has and the free ones."""
+        table = seq.table
+        unused = len(table.block_ids) * self.block_size - table.num_tokens
+        return unused + self.pool.allocator.num_free * self.block_size
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        seq.table.release()
+        seq.num_cached_blocks = 0
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _admit(self, allowed: int, prefill: list[Chunk]) -> bool:
+        """Start the first waiting sequence with a chunk of at most `allowed` tokens, reusing
+        its cached prefix; False (and no change) if the pool cannot hold the chunk."""
+        seq = self.waiting[0]
+        hits = self._cached_prefix(seq)
+        start = len(hits) * self.block_size
+        n = min(len(seq.token_ids) - start, allowed)
+        allocator = self.pool.allocator
+        new_blocks = -(-(start + n) // self.block_size) - len(hits)
+        revived = sum(allocator.is_free(b) for b in hits)  # cached, but on the free list
+        if new_blocks > allocator.num_free - revived:
+            return False
+        self.waiting.popleft()
+        seq.table.share(hits)  # before allocating: the allocator must not evict the hits
+        seq.num_cached_blocks = len(hits)
+        seq.table.slots_for(n)
+        self.running.append(seq)
+        prefill.append(Chunk(seq, start, n))
+        if self.cache is not None:
+            self.prefix_cache_queries += len(seq.token_ids)
+            self.prefix_cache_hits += start
+        return True
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding the first tokens of `seq`.
+
+        Only blocks before the last token: that token is always computed, since its logits
+        pick the next token (a fully cached prompt recomputes its last block).
+        """
+        if self.cache is None:
+            return []
+        num = (len(seq.token_ids) - 1) // self.block_size
+        chain_hashes(seq.token_ids, self.block_size, num, seq.block_hashes)
+        return self.cache.lookup(seq.block_hashes[:num])
+
+
+def _longest(chunks: list[Chunk]) -> int:
+    return max((c.num_tokens for c in chunks), default=0)

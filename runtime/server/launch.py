@@ -1,0 +1,127 @@
+"""`ingot serve`: load an artifact behind the HTTP API and run uvicorn until SIGTERM.
+
+The server listens at once and loads the artifact in the engine thread (verify, open the
+session, size the KV pool, one warm-up generation), so /health answers 503 until the model is
+ready. On SIGTERM or SIGINT it stops admitting (503), lets requests in flight finish for up to
+`shutdown_grace` seconds, aborts the rest and exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from ingot.runtime.model import DEFAULT_KV_CACHE_BYTES, LoadedModel
+from ingot.runtime.server.app import create_app
+from ingot.runtime.server.async_engine import AsyncEngine
+from ingot.runtime.server.metrics import Metrics
+from ingot.runtime.server.stream import ServedModel
+
+__all__ = ["ServeOptions", "load_served_model", "run_server"]
+
+log = logging.getLogger(__name__)
+
+_BACKSTOP_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_num_seqs: int = 16
+    max_queue: int = 64
+    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    verify_key: Path | None = None  # PEM public key model.sig must verify against
+    request_timeout: float | None = None  # seconds; None = no deadline
+    shutdown_grace: float = 30.0
+    log_level: str = "info"
+
+
+def load_served_model(
+    artifact: Path | str,
+    kv_cache_bytes: int,
+    max_num_seqs: int,
+    *,
+    max_num_batched_tokens: int = 2048,
+    enable_prefix_caching: bool = True,
+    verify_key: Path | None = None,
+) -> ServedModel:
+    """Verify and load `artifact` (LoadedModel.load logs the engine and the KV pool size)."""
+    loaded = LoadedModel.load(
+        artifact,
+        kv_cache_bytes=kv_cache_bytes,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_prefix_caching=enable_prefix_caching,
+        verify_key=verify_key,
+    )
+    info = loaded.manifest.model
+    return ServedModel(
+        generator=loaded.generator(),
+        tokenizer=loaded.tokenizer,
+        max_model_len=info.max_seq_len,
+        max_num_seqs=max_num_seqs,
+    )
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, but a shutdown signal first makes the engine refuse new requests (503)."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, grace: float) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.grace = grace
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.engine.begin_drain(self.grace)
+        super().handle_exit(sig, frame)
+
+
+def run_server(artifact: Path | str, model_name: str, options: ServeOptions) -> None:
+    """Serve `artifact` as `model_name` until a shutdown signal; returns after a clean stop."""
+    logging.basicConfig(
+        level=options.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
+    load = partial(
+        load_served_model,
+        artifact,
+        options.kv_cache_bytes,
+        options.max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        enable_prefix_caching=options.enable_prefix_caching,
+        verify_key=options.verify_key,
+    )
+    engine = AsyncEngine(
+        load,
+        Metrics(model_name),
+        max_queue=options.max_queue,
+        request_timeout=options.request_timeout,
+    )
+    config = uvicorn.Config(
+        create_app(engine, model_name),
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level,
+        # The engine ends what runs past the grace period (503); uvicorn's own timeout is
+        # only the backstop for a connection that still does not close.
+        timeout_graceful_shutdown=options.shutdown_grace + _BACKSTOP_S,
+        access_log=False,
+    )
+    # uvicorn re-raises the signal that stopped it once it has shut down; with these no-op
+    # handlers restored under it, that re-raise is harmless and a drained server exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _ignore)
+    _DrainingServer(config, engine, options.shutdown_grace).run()
+    log.info("server stopped")
+
+
+def _ignore(sig: int, frame: FrameType | None) -> None:
+    log.info("signal %d after shutdown ignored", sig)

@@ -1,0 +1,109 @@
+"""Prometheus metrics under vLLM's names, so vLLM's dashboards and alerts read ingot unchanged.
+
+Each server has its own `CollectorRegistry` (two servers in one process, as in tests, never
+share counters). Counters are exposed with the `_total` suffix, as vLLM's are.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+# vLLM's buckets (vllm/v1/metrics/loggers.py), so histograms compare bucket for bucket.
+_TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+_TPOT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+_E2E_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+class Metrics:
+    """The engine's gauges, counters and latency histograms for one served model."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["model_name"]
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=r).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model_name)
+
+        self.num_requests_running = gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
+        )
+        self.num_requests_waiting = gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+        )
+        self.kv_cache_usage_perc = gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        )
+        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        )
+        self.prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self.prefix_cache_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
+        self.time_to_first_token = histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            _TTFT_BUCKETS,
+        )
+        self.time_per_output_token = histogram(
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            _TPOT_BUCKETS,
+        )
+        self.e2e_request_latency = histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            _E2E_BUCKETS,
+        )
+        self._request_success = Counter(
+            "vllm:request_success",
+            "Count of finished requests by finish reason (stop, length, abort).",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self._model_name = model_name
+        # Engine counters are cumulative; these remember what the Prometheus counters hold.
+        self._seen = {"preemptions": 0, "queries": 0, "hits": 0}
+
+    def observe_engine(self, stats: object) -> None:
+        """Copy an `EngineStats` snapshot into the gauges and cumulative counters."""
+        self.num_requests_running.set(stats.num_running)
+        self.num_requests_waiting.set(stats.num_waiting)
+        self.kv_cache_usage_perc.set(stats.kv_cache_usage)
+        for key, total, counter in (
+            ("preemptions", stats.num_preemptions, self.num_preemptions),
+            ("queries", stats.prefix_cache_queries, self.prefix_cache_queries),
+            ("hits", stats.prefix_cache_hits, self.prefix_cache_hits),
+        ):
+            if total > self._seen[key]:
+                counter.inc(total - self._seen[key])
+                self._seen[key] = total
+
+    def request_finished(self, reason: str) -> None:
+        self._request_success.labels(self._model_name, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,108 @@
+"""What flows between the engine thread and a handler: the served model, each step's output
+for a request, and the handler's end of a request (an asyncio queue the engine thread fills)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from ingot.runtime.generate import Generator
+from ingot.runtime.sampling import SamplingParams
+from ingot.runtime.server.protocol import APIError
+from ingot.runtime.tokenizer import TextTokenizer
+
+__all__ = ["RequestOutput", "RequestStream", "ServedModel", "TokenLogprob"]
+
+
+@dataclass(slots=True)
+class ServedModel:
+    """What the server needs of a loaded artifact."""
+
+    generator: Generator
+    tokenizer: TextTokenizer
+    max_model_len: int
+    max_num_seqs: int
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: dict[int, float] | None  # the most likely tokens at this position
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What one engine step produced for one request."""
+
+    token_ids: list[int]
+    text: str  # text those tokens completed (stop strings already cut)
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None  # set on the request's last output only
+    num_prompt_tokens: int
+    num_output_tokens: int  # so far, including these
+
+
+class RequestStream:
+    """The handler's side of one request: outputs arrive in order, then it is finished."""
+
+    __slots__ = (
+        "prompt_ids",
+        "params",
+        "deadline",
+        "arrival",
+        "_loop",
+        "_queue",
+        "finished",
+        "closed",
+    )
+
+    def __init__(
+        self, prompt_ids: list[int], params: SamplingParams, deadline: float | None
+    ) -> None:
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.deadline = deadline  # time.monotonic() after which the request is aborted
+        self.arrival = time.monotonic()
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[RequestOutput | APIError] = asyncio.Queue()
+        self.finished = False  # the engine is done with it (last output or an error)
+        self.closed = False  # the handler let go of it (AsyncEngine.close)
+
+    def put_threadsafe(self, items: list[RequestOutput | APIError]) -> None:
+        """Hand items to the handler from the engine thread."""
+        self._loop.call_soon_threadsafe(self._put_all, items)
+
+    def _put_all(self, items: list[RequestOutput | APIError]) -> None:
+        for item in items:
+            self._queue.put_nowait(item)
+
+    async def next(self) -> RequestOutput:
+        """The next output; raises the request's APIError, or 408 once its deadline passes."""
+        try:
+            if not self._queue.empty() or self.deadline is None:
+                item = await self._queue.get()
+            else:
+                timeout = max(0.0, self.deadline - time.monotonic())
+                item = await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            raise APIError(
+                408,
+                "the request exceeded the server's request timeout and was aborted",
+                type="timeout_error",
+                code="request_timeout",
+            ) from None
+        if isinstance(item, APIError) or item.finish_reason is not None:
+            self.finished = True
+        if isinstance(item, APIError):
+            raise item
+        return item
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        return await self.next()

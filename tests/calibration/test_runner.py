@@ -1,0 +1,196 @@
+"""The layer-sequential runner: spilled activations, one layer alive at a time, and a killed
+run that resumes into the identical output — directly and through the build's stage cache."""
+
+from __future__ import annotations
+
+import gc
+import json
+import weakref
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from ingot.calibration import runner
+from ingot.calibration.activations import ActivationStore
+from ingot.calibration.dataset import CalibrationSet
+from ingot.pipeline.build import build
+from ingot.pipeline.cache import StageCache, directory_digest
+from ingot.pipeline.model.load import CheckpointReader, load_model
+from ingot.pipeline.quantize import layerwise
+from ingot.pipeline.quantize.checkpoint import load_ir
+
+from fixtures import make_checkpoint, write_recipe
+
+# GPTQ on attention, AWQ on the MLP, RTN on the (tied) lm_head: every path of the runner.
+SPECS = [
+    {
+        "method": "gptq",
+        "bits": 4,
+        "group_size": 32,
+        "symmetric": True,
+        "targets": ["re:layers\\..*\\.attn\\..*"],
+        "ignore": [],
+        "actorder": True,
+        "static_groups": True,
+        "dampening_frac": 0.01,
+        "block_size": 128,
+    },
+    {
+        "method": "awq",
+        "bits": 4,
+        "group_size": 32,
+        "symmetric": False,
+        "targets": ["re:layers\\..*\\.mlp\\..*"],
+        "ignore": [],
+    },
+    {"method": "rtn", "bits": 8, "group_size": -1, "symmetric": True, "targets": ["lm_head"]},
+]
+for spec in SPECS[2:]:
+    spec["ignore"] = []
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    return make_checkpoint(root / "llama", "llama", num_hidden_layers=3, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def calibration():
+    tokens = np.random.default_rng(0).integers(2, 320, size=(6, 32)).astype(np.int64)
+    return CalibrationSet(tokens, list(range(6)), "sha256:test")
+
+
+def test_activation_store_spills_to_disk_and_round_trips(tmp_path):
+    x = torch.randn(5, 3, 4)
+    memory = ActivationStore((5, 3, 4), budget_bytes=10**6, spill_path=tmp_path / "m.bin")
+    disk = ActivationStore((5, 3, 4), budget_bytes=100, spill_path=tmp_path / "d.bin")
+    assert not memory.spilled and disk.spilled
+    for store in (memory, disk):
+        store.write(0, x[:2])
+        store.write(2, x[2:])
+        assert torch.equal(store.read(1, 4), x[1:4])
+    disk.close()
+    assert not (tmp_path / "d.bin").exists()
+
+
+def test_killed_run_resumes_into_the_identical_output(tmp_path, checkpoint, calibration):
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    layerwise.quantize_checkpoint(checkpoint, SPECS, calibration, whole, tmp_path / "w1")
+
+    def kill_after_layer_1(i: int, event: str) -> None:
+        if i == 1:
+            raise KeyboardInterrupt("killed")
+
+    out, work = tmp_path / "resumed", tmp_path / "w2"
+    out.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        layerwise.quantize_checkpoint(
+            checkpoint, SPECS, calibration, out, work, on_layer=kill_after_layer_1
+        )
+    assert sorted(p.name for p in work.glob("*.done")) == ["layer_0.done", "layer_1.done"]
+    events = []
+    layerwise.quantize_checkpoint(
+        checkpoint,
+        SPECS,
+        calibration,
+        out,
+        work,
+        on_layer=lambda i, e: events.append((i, e)),
+    )
+    assert events == [(0, "resumed"), (1, "resumed"), (2, "quantized")]
+    assert directory_digest(out) == directory_digest(whole)
+
+    # The in-memory driver (what benchmarks call) computes exactly what the stage wrote.
+    model = load_model(checkpoint)
+    layerwise.quantize_model_calibrated(model, SPECS, calibration)
+    expected = {k: v for k, v in model.state_dict().items() if v is not None}
+    actual = load_ir(out).state_dict()
+    assert sorted(expected) == sorted(k for k, v in actual.items() if v is not None)
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, actual[name]), name
+
+
+def test_only_one_layer_is_alive_at_a_time(tmp_path, checkpoint, calibration, monkeypatch):
+    # Peak memory independent of depth, checked structurally: the runner never holds two
+    # layers' float weights, nor more than two activation stores (a layer's inputs and outputs).
+    alive: list[weakref.ref] = []
+    open_stores: set[int] = set()
+    most = {"layers": 0, "stores": 0}
+    read_layer, new_store, close_store = (
+        CheckpointReader.layer,
+        ActivationStore.__init__,
+        ActivationStore.close,
+    )
+
+    def tracked_layer(self, i):
+        gc.collect()
+        most["layers"] = max(most["layers"], 1 + sum(r() is not None for r in alive))
+        layer = read_layer(self, i)
+        alive.append(weakref.ref(layer))
+        return layer
+
+    def tracked_store(self, *args, **kwargs):
+        new_store(self, *args, **kwargs)
+        open_stores.add(id(self))
+        most["stores"] = max(most["stores"], len(open_stores))
+
+    def tracked_close(self):
+        open_stores.discard(id(self))
+        close_store(self)
+
+    monkeypatch.setattr(CheckpointReader, "layer", tracked_layer)
+    monkeypatch.setattr(ActivationStore, "__init__", tracked_store)
+    monkeypatch.setattr(ActivationStore, "close", tracked_close)
+    out = tmp_path / "out"
+    out.mkdir()
+    layerwise.quantize_checkpoint(checkpoint, SPECS[:1], calibration, out, tmp_path / "work")
+    assert len(alive) == 3 and most["layers"] == 1 and most["stores"] == 2
+    assert not open_stores
+
+
+def _calibrated_recipe(tmp_path, checkpoint):
+    text = "\n".join(f"def f{i}(a, b):\n    return a + b * {i}\n" for i in range(400))
+    (tmp_path / "calib.txt").write_text(text)
+    specs = [{**SPECS[0], "targets": ["re:layers\\..*"]}]  # GPTQ on every decoder layer
+    return write_recipe(
+        tmp_path / "r.yaml",
+        checkpoint,
+        calibration={"dataset": "calib.txt", "samples": 8, "seq_len": 32, "seed": 3},
+        quantize=specs,
+    )
+
+
+def test_build_resumes_after_a_kill_into_the_same_artifact(tmp_path, checkpoint, monkeypatch):
+    recipe = _calibrated_recipe(tmp_path, checkpoint)
+    clean = build(recipe, tmp_path / "clean", cache=StageCache(tmp_path / "c1"))
+    lock = json.loads((clean.artifact / "ingot.lock").read_text())
+    entry = lock["calibration"]
+    assert entry["dataset_digest"].startswith("sha256:") and len(entry["indices"]) == 8
+    assert entry["files"] == {"calib.txt": entry["dataset_digest"][7:]}
+    assert {"calibrate", "quantize"} <= set(lock["stages"])
+    assert yaml.safe_load(recipe.read_text())["calibration"]["dataset"] == "calib.txt"
+
+    cache = StageCache(tmp_path / "c2")
+    mark_done = runner.LayerCheckpoints.mark_done
+
+    def killed_after_layer_1(self, i):
+        mark_done(self, i)
+        if i == 1:
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(runner.LayerCheckpoints, "mark_done", killed_after_layer_1)
+    with pytest.raises(KeyboardInterrupt):
+        build(recipe, tmp_path / "resumed", cache=cache)
+    [work] = (cache.root / "stages" / "quantize").glob(".work-*")
+    assert (work / "layer_1.done").exists() and not (work / "layer_2.done").exists()
+
+    monkeypatch.setattr(runner.LayerCheckpoints, "mark_done", mark_done)
+    resumed = build(recipe, tmp_path / "resumed", cache=cache)
+    assert resumed.digest == clean.digest
+    assert not list((cache.root / "stages" / "quantize").glob(".work-*"))
+    again = build(recipe, tmp_path / "resumed", cache=cache)
+    assert all(s.cached for s in again.stages if s.stage != "package")

@@ -1,0 +1,43 @@
+"""End to end on the embedded demo model: the repository's GPTQ and AWQ recipes (with fewer
+calibration samples) build, and the runtime's greedy output equals the quantized IR's, token
+for token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ingot.pipeline.build import build
+from ingot.pipeline.cache import StageCache
+from ingot.pipeline.quantize.checkpoint import load_ir
+from ingot.runtime import LoadedModel, SamplingParams
+
+REPO = Path(__file__).resolve().parents[2]
+GREEDY_32 = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_demo_calibrated_build_matches_ir(tmp_path, method):
+    recipe = yaml.safe_load((REPO / "recipes" / f"demo-{method}.yaml").read_text())
+    assert recipe["quantize"][0]["method"] == method
+    demo = REPO / "recipes" / "demo"
+    recipe["source"]["path"] = str(demo / "pydoc-tiny")
+    recipe["calibration"].update(
+        dataset=str(demo / "pydoc-heldin.txt"), samples=8, seq_len=128
+    )  # fast settings
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    cache = StageCache(tmp_path / "cache")
+    result = build(path, tmp_path / "artifact", cache=cache)
+    stages = {s.stage: s for s in result.stages}
+    assert {"calibrate", "quantize"} <= set(stages)
+
+    ir = load_ir(cache.path("quantize", stages["quantize"].key))
+    generator = LoadedModel.load(result.artifact).generator()
+    prompts = ["The os module provides", ".. function:: iskeyword(s)\n\n   Return"]
+    for completion in generator.generate(prompts, GREEDY_32):
+        want = ir.generate_greedy(completion.prompt_token_ids, 32, stop_at_eos=False)
+        assert completion.token_ids == want

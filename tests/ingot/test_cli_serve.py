@@ -1,0 +1,21 @@
+"""`ingot serve` argument parsing (the server itself is tested in tests/runtime/server)."""
+
+import click
+import pytest
+
+from ingot.cli_serve import ByteSize
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("256MiB", 256 << 20), ("1GiB", 1 << 30), ("500MB", 500 * 10**6), ("4096", 4096),
+     ("1.5 KiB", 1536)],
+)  # fmt: skip
+def test_kv_cache_memory_sizes(text, size):
+    assert ByteSize().convert(text, None, None) == size
+
+
+@pytest.mark.parametrize("text", ["lots", "12XB", "-1MiB", ""])
+def test_bad_sizes_are_refused(text):
+    with pytest.raises(click.BadParameter, match="is not a size"):
+        ByteSize().convert(text, None, None)

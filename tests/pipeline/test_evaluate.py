@@ -1,0 +1,105 @@
+"""Perplexity: fixed windows, the same number transformers computes, text loading, the gate."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from ingot.pipeline.evaluate import (
+    EvalGateError,
+    check_perplexity_gate,
+    load_eval_text,
+    perplexity,
+    token_windows,
+)
+from ingot.pipeline.evaluate.perplexity import tokenize
+from ingot.pipeline.evaluate.report import perplexity_report, render_markdown
+from ingot.pipeline.model.load import load_model
+
+from fixtures import make_checkpoint
+
+DEMO = Path(__file__).parents[2] / "recipes" / "demo"
+
+
+def test_windows_are_consecutive_and_non_overlapping():
+    windows = token_windows(list(range(10)), seq_len=3)
+    assert windows.tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]  # the partial tail is dropped
+    assert token_windows(list(range(10)), seq_len=3, max_windows=2).shape == (2, 3)
+    with pytest.raises(ValueError, match="fewer than one window"):
+        token_windows([1, 2], seq_len=3)
+
+
+def test_perplexity_matches_transformers_loss(tmp_path):
+    """Our number is exp(mean next-token loss), as transformers computes it per window."""
+    from transformers import AutoModelForCausalLM
+
+    ckpt = make_checkpoint(tmp_path / "ck", "llama")
+    windows = torch.randint(2, 320, (5, 24), generator=torch.Generator().manual_seed(0))
+    hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        losses = [float(hf(w[None], labels=w[None]).loss) for w in windows]
+    expected = math.exp(sum(losses) / len(losses))  # every window scores the same count
+    ours = perplexity(load_model(ckpt), windows, batch_size=2)
+    assert ours == pytest.approx(expected, rel=1e-5)
+
+
+def test_demo_model_is_good_on_its_training_text():
+    """Sanity: the demo model was trained on pydoc-heldin, so it predicts it well (a uniform
+    guess over its 4096 tokens would score 4096)."""
+    ckpt = DEMO / "pydoc-tiny"
+    text = load_eval_text(str(DEMO / "pydoc-heldin.txt"))
+    windows = token_windows(tokenize(text.text, ckpt / "tokenizer.json"), 128, max_windows=4)
+    assert 1.0 < perplexity(load_model(ckpt), windows) < 20.0
+
+
+def test_text_files_and_jsonl_fields(tmp_path):
+    (tmp_path / "a.txt").write_text("hello world")
+    (tmp_path / "b.jsonl").write_text(
+        json.dumps({"text": "one"}) + "\n\n" + json.dumps({"text": "two", "id": 2}) + "\n"
+    )
+    (tmp_path / "c.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
+    assert load_eval_text("a.txt", base_dir=tmp_path).text == "hello world"
+    jsonl = load_eval_text("b.jsonl", base_dir=tmp_path)
+    assert jsonl.text == "one\n\ntwo"
+    assert jsonl.sha256 == load_eval_text(str(tmp_path / "b.jsonl")).sha256
+    with pytest.raises(ValueError, match="text_field.*'text'"):
+        load_eval_text("c.jsonl", base_dir=tmp_path)
+    assert load_eval_text("c.jsonl", text_field="body", base_dir=tmp_path).text == "x"
+    with pytest.raises(ValueError, match="no such file"):
+        load_eval_text("missing.txt", base_dir=tmp_path)
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(ValueError, match="holds no text"):
+        load_eval_text("empty.txt", base_dir=tmp_path)
+
+
+def _report(original: float, quantized: float) -> dict:
+    ppl = perplexity_report(
+        dataset="eval.txt",
+        dataset_sha256="sha256:00",
+        seq_len=64,
+        windows=3,
+        original=original,
+        quantized=quantized,
+    )
+    return {"perplexity": ppl}
+
+
+def test_gate_message_gives_both_numbers_and_the_limit():
+    report = _report(10.0, 10.75)
+    check_perplexity_gate(report, None)
+    check_perplexity_gate(report, 0.75)  # equal to the limit passes
+    with pytest.raises(EvalGateError) as err:
+        check_perplexity_gate(report, 0.5)
+    message = str(err.value)
+    assert "10.7500" in message and "10.0000" in message and "0.5" in message
+    assert "evaluate.perplexity.max_delta" in message
+
+
+def test_markdown_report():
+    text = render_markdown(_report(10.0, 10.5))
+    assert "| original (float) | 10.0000 |" in text
+    assert "| delta | +0.5000 (+5.00%) |" in text

@@ -1,0 +1,230 @@
+"""The engine loop under control: admission (503), loading, deadlines, disconnects, failures.
+
+Each test drives the real Generator over a fake session it can hold or break, through the ASGI
+app in process (httpx.ASGITransport), so every case is exact and takes well under a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from contextlib import asynccontextmanager
+
+import httpx
+
+from ingot.runtime.server import create_app
+
+from server_support import fake_engine
+
+PROMPT = [65, 66, 67]
+BODY = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+WAIT_S = 10
+
+
+async def _until(condition, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+@asynccontextmanager
+async def _client(engine, wait_ready: bool = True):
+    app = create_app(engine, "fake")
+    engine.start()  # ASGITransport runs no lifespan
+    try:
+        if wait_ready:
+            await _until(lambda: engine.ready)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+    finally:
+        engine.shutdown()
+
+
+def _idle(engine) -> bool:
+    stats = engine.stats
+    return (
+        engine.num_open == 0
+        and stats.num_running == 0
+        and stats.num_waiting == 0
+        and stats.kv_cache_usage == 0
+    )
+
+
+def test_full_queue_gets_503_with_retry_after(tmp_path):
+    engine, session = fake_engine(tmp_path, max_num_seqs=1, max_queue=1)
+
+    async def main():
+        async with _client(engine) as client:
+            session.hold()
+            admitted = [asyncio.create_task(client.post("/v1/completions", json=BODY))]
+            admitted.append(asyncio.create_task(client.post("/v1/completions", json=BODY)))
+            await _until(lambda: engine.num_open == 2)
+            refused = await client.post("/v1/completions", json=BODY)
+            session.release()
+            done = await asyncio.gather(*admitted)
+            await _until(lambda: _idle(engine))
+            return refused, done
+
+    refused, done = asyncio.run(main())
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "1"
+    error = refused.json()["error"]
+    assert "capacity" in error["message"] and error["type"] == "service_unavailable"
+    assert [r.status_code for r in done] == [200, 200]
+    assert all(r.json()["choices"][0]["text"] == "cdef" for r in done)  # next = last + 1
+
+
+def test_health_is_503_until_loaded_and_warmed(tmp_path):
+    gate = threading.Event()
+    engine, _ = fake_engine(tmp_path, load_gate=gate)
+
+    async def main():
+        async with _client(engine, wait_ready=False) as client:
+            loading = await client.get("/health")
+            refused = await client.post("/v1/completions", json=BODY)
+            models = await client.get("/v1/models")
+            gate.set()
+            await _until(lambda: engine.ready)
+            ready = await client.get("/health")
+            answered = await client.post("/v1/completions", json=BODY)
+            return loading, refused, models, ready, answered
+
+    loading, refused, models, ready, answered = asyncio.run(main())
+    assert loading.status_code == 503 and "loading" in loading.json()["error"]["message"]
+    assert refused.status_code == 503 and refused.headers["retry-after"]
+    assert models.status_code == 200 and models.json()["data"][0]["id"] == "fake"
+    assert ready.status_code == 200 and answered.status_code == 200
+
+
+def test_deadline_aborts_the_request_and_frees_its_blocks(tmp_path):
+    engine, session = fake_engine(tmp_path, request_timeout=0.3)
+
+    async def main():
+        async with _client(engine) as client:
+            session.hold()
+            response = await client.post("/v1/completions", json=BODY)
+            session.release()
+            await _until(lambda: _idle(engine))
+            return response
+
+    response = asyncio.run(main())
+    assert response.status_code == 408
+    assert response.json()["error"]["code"] == "request_timeout"
+
+
+def test_client_disconnect_cancels_a_non_streaming_request(tmp_path):
+    engine, session = fake_engine(tmp_path)
+    app = create_app(engine, "fake")
+    body = json.dumps({**BODY, "max_tokens": 30}).encode()
+    sent: list[dict] = []
+
+    async def main():
+        engine.start()
+        await _until(lambda: engine.ready)
+        session.hold()
+        runs_before = session.calls
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if messages:
+                return messages.pop(0)
+            await _until(lambda: session.calls > runs_before)  # it is in the engine
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/completions",
+            "raw_path": b"/v1/completions",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+            "client": ("127.0.0.1", 1),
+            "server": ("test", 80),
+        }
+        await asyncio.wait_for(app(scope, receive, send), WAIT_S)
+        session.release()
+        await _until(lambda: _idle(engine))
+        engine.shutdown()
+
+    asyncio.run(main())
+    # The handler was cancelled: no answer was sent and the engine stopped generating.
+    assert sent[0]["status"] == 499
+    assert _generated_tokens(engine) < 30
+
+
+def _generated_tokens(engine) -> float:
+    text = engine.metrics.render().decode()
+    [line] = [x for x in text.splitlines() if x.startswith("vllm:generation_tokens_total")]
+    return float(line.split()[-1])
+
+
+def test_engine_failure_fails_requests_with_500_and_health_503(tmp_path):
+    engine, session = fake_engine(tmp_path)
+
+    async def main():
+        async with _client(engine) as client:
+            session.break_after(0)
+            failed = await client.post("/v1/completions", json=BODY)
+            health = await client.get("/health")
+            after = await client.post("/v1/completions", json=BODY)
+            return failed, health, after
+
+    failed, health, after = asyncio.run(main())
+    assert failed.status_code == 500
+    assert failed.json()["error"]["type"] == "server_error"
+    assert "fake engine broke" in failed.json()["error"]["message"]
+    assert health.status_code == 503
+    assert after.status_code == 500
+
+
+def test_a_bad_request_does_not_disturb_the_others(tmp_path):
+    engine, session = fake_engine(tmp_path)
+
+    async def main():
+        async with _client(engine) as client:
+            session.hold()
+            good = asyncio.create_task(client.post("/v1/completions", json=BODY))
+            await _until(lambda: engine.num_open == 1)
+            bad = [
+                asyncio.create_task(client.post("/v1/completions", json={"prompt": [999]})),
+                asyncio.create_task(client.post("/v1/completions", json={"prompt": ""})),
+            ]
+            await _until(lambda: engine.num_open == 3)
+            session.release()
+            return await good, await asyncio.gather(*bad)
+
+    good, bad = asyncio.run(main())
+    assert good.status_code == 200 and good.json()["choices"][0]["text"] == "cdef"
+    assert [r.status_code for r in bad] == [400, 400]
+    assert "token ids" in bad[0].json()["error"]["message"]
+
+
+def test_streaming_after_an_engine_failure_ends_with_an_error_event(tmp_path):
+    engine, session = fake_engine(tmp_path)
+
+    async def main():
+        async with _client(engine) as client:
+            body = {**BODY, "max_tokens": 20, "stream": True}
+            session.break_after(3)  # the response has started when the engine breaks
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                lines = []
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line[6:])
+                return response.status_code, lines
+
+    status, lines = asyncio.run(main())
+    assert status == 200
+    assert lines[-1] == "[DONE]"
+    assert "error" in json.loads(lines[-2])
