@@ -300,6 +300,15 @@ class OnnxRuntimeTarget(_Strict):
     intra_op_num_threads: int = Field(
         default=0, ge=0, description="Threads per operator; 0 lets ONNX Runtime choose."
     )
+    matmul_accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
+        default=0,
+        description=(
+            "Compute type of ORT's fused MatMulNBits: 0 keeps fp32 activations (the exported "
+            "graph's numbers, checked against the IR); 4 quantizes activations to int8 inside "
+            "the kernel: faster (much faster for int8 weights on CPU), but no longer the "
+            "graph's exact numbers."
+        ),
+    )
 
 
 Target = Annotated[OnnxRuntimeTarget, Field(discriminator="engine")]

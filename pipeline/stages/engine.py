@@ -23,5 +23,6 @@ def run_engine(export_dir: Path, target: dict[str, Any], out: Path) -> None:
         out,
         optimization_level=target["optimization_level"],
         intra_op_num_threads=target["intra_op_num_threads"],
+        matmul_accuracy_level=target["matmul_accuracy_level"],
     )
     (out / "engine.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

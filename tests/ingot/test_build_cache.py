@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ingot.artifacts import read_manifest
 from ingot.pipeline import build as build_module
 from ingot.pipeline.build import build
 from ingot.pipeline.cache import StageCache
@@ -78,3 +79,22 @@ def test_failing_stage_keeps_cache_and_artifact(tmp_path, tiny_checkpoint, monke
     # No half-written entry: the failed stage left neither an entry nor a temp directory.
     assert sorted(p.name for p in (cache.root / "stages").glob("*/*")) == entries_before
     assert not list((cache.root / "stages").glob("*/.tmp-*"))
+
+
+def test_matmul_accuracy_level_reaches_the_engine(tmp_path, tiny_checkpoint):
+    import onnx
+
+    target = {"engine": "onnxruntime", "matmul_accuracy_level": 4}
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, targets=[target])
+    result = build(recipe, tmp_path / "a", cache=StageCache(tmp_path / "cache"))
+    manifest = read_manifest(result.artifact)
+    assert manifest.engines[0].build["matmul_accuracy_level"] == 4
+    graph = onnx.load(str(result.artifact / manifest.engines[0].path), load_external_data=False)
+    levels = {
+        attr.i
+        for node in graph.graph.node
+        if node.op_type == "MatMulNBits"
+        for attr in node.attribute
+        if attr.name == "accuracy_level"
+    }
+    assert levels == {4}
