@@ -57,7 +57,8 @@ class LoadedModel:
         artifacts.signing.check_signature for `require_signature`.
 
         The pool has `kv_cache_blocks` blocks if given, else as many as `kv_cache_bytes`
-        holds, but no more than `max_num_seqs` sequences of max_seq_len tokens can use.
+        holds. Without prefix caching it is capped at what `max_num_seqs` sequences of
+        max_seq_len tokens can use; with it, spare blocks keep cached prefixes (as in vLLM).
         """
         root = resolve_artifact(path)
         check_signature(root, verify_key=verify_key, require=require_signature)
@@ -67,7 +68,9 @@ class LoadedModel:
         for reason in skipped:
             log.info("engine skipped: %s", reason)
 
-        pool = _make_pool(manifest, kv_cache_blocks, kv_cache_bytes, max_num_seqs)
+        pool = _make_pool(
+            manifest, kv_cache_blocks, kv_cache_bytes, max_num_seqs, enable_prefix_caching
+        )
         log.info(
             "KV cache: %d blocks of %d tokens (%d tokens), %.1f MiB, prefix caching %s",
             pool.num_blocks,
@@ -108,16 +111,22 @@ class LoadedModel:
 
 
 def _make_pool(
-    manifest: Manifest, blocks: int | None, budget_bytes: int, max_num_seqs: int
+    manifest: Manifest,
+    blocks: int | None,
+    budget_bytes: int,
+    max_num_seqs: int,
+    prefix_caching: bool,
 ) -> KVPool:
     graph = manifest.graph
     shape = (graph.num_layers, graph.kv_block_size, graph.num_kv_heads, graph.head_dim)
     dtype = kv_numpy_dtype(graph.kv_dtype)
     blocks_per_seq = -(-manifest.model.max_seq_len // graph.kv_block_size)
     if blocks is None:
-        # More blocks than max_num_seqs full-length sequences can use would be dead memory.
-        per_block = KVPool.bytes_per_block(*shape, dtype)
-        blocks = min(budget_bytes // per_block, max_num_seqs * blocks_per_seq)
+        blocks = budget_bytes // KVPool.bytes_per_block(*shape, dtype)
+        if not prefix_caching:
+            # Blocks beyond max_num_seqs full-length sequences would be dead memory; with
+            # prefix caching they hold cached prefixes instead.
+            blocks = min(blocks, max_num_seqs * blocks_per_seq)
     if blocks < blocks_per_seq:
         raise ValueError(
             f"a KV cache of {blocks} blocks ({blocks * graph.kv_block_size} tokens) cannot "

@@ -12,6 +12,7 @@ import pytest
 from ingot.artifacts import ArtifactError, sha256_file, write_manifest
 from ingot.runtime import LoadedModel, SamplingParams
 from ingot.runtime.kv_pool import KVPool
+from ingot.runtime.model import DEFAULT_KV_CACHE_BYTES
 from ingot.runtime.session import EngineSession, SessionError
 
 from fixtures import CHAT_TEMPLATE, write_tokenizer
@@ -181,7 +182,10 @@ def test_load_and_generate(tmp_path, caplog):
         model = LoadedModel.load(root, max_num_seqs=2)
     assert model.engine.name == "onnxruntime-cpu"
     assert "engine onnxruntime-cpu" in caplog.text and "tensorrt-sm90: " in caplog.text
-    assert model.pool.num_blocks == 2 * 64 // B  # capped at max_num_seqs full sequences
+    budget_blocks = DEFAULT_KV_CACHE_BYTES // KVPool.bytes_per_block(LAYERS, B, HKV, D, np.float32)
+    assert model.pool.num_blocks == budget_blocks  # spare blocks hold cached prefixes
+    uncached = LoadedModel.load(root, max_num_seqs=2, enable_prefix_caching=False)
+    assert uncached.pool.num_blocks == 2 * 64 // B  # capped at max_num_seqs full sequences
     out = model.generator().generate([[65], [40, 41]], SamplingParams(max_tokens=3, temperature=0))
     assert [c.token_ids for c in out] == [[66, 67, 68], [42, 43, 44]]
     assert out[0].text == "abc"
