@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -114,8 +115,8 @@ def worker(args: argparse.Namespace) -> None:
     from ingot.calibration.dataset import CalibrationSet
     from ingot.pipeline.model.load import load_model
     from ingot.pipeline.quantize.apply import quantize_model
+    from ingot.pipeline.quantize.calibrated import quantize_checkpoint
     from ingot.pipeline.quantize.checkpoint import save_ir
-    from ingot.pipeline.quantize.layerwise import quantize_checkpoint
 
     torch.manual_seed(0)
     out = Path(args.out)
@@ -133,7 +134,8 @@ def worker(args: argparse.Namespace) -> None:
             tokens = np.load(args.tokens)
             calibration = CalibrationSet(tokens, list(range(len(tokens))), "benchmark")
             work = out.parent / (out.name + "-work")
-            work.mkdir(exist_ok=True)
+            shutil.rmtree(work, ignore_errors=True)  # finished layers there would be resumed
+            work.mkdir()
             started = time.perf_counter()
             quantize_checkpoint(Path(args.model), [spec], calibration, out, work)
             result["quantize_seconds"] = time.perf_counter() - started
@@ -246,7 +248,6 @@ def _brief(row: dict[str, Any]) -> str:
 
 def _random_model(work: Path, layers: int) -> Path:
     """pydoc-16m's config and tokenizer with `layers` random layers (transformers' init)."""
-    import shutil
 
     import torch
     import transformers

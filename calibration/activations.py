@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-__all__ = ["ActivationStore", "DEFAULT_BUDGET_BYTES", "budget_from_env"]
+__all__ = ["ActivationSpace", "ActivationStore", "DEFAULT_BUDGET_BYTES", "budget_from_env"]
 
 DEFAULT_BUDGET_BYTES = 4 * 2**30
 _BUDGET_ENV = "INGOT_ACTIVATION_BUDGET_MB"
@@ -85,3 +86,16 @@ class ActivationStore:
             os.close(self._fd)
             self._fd = None
             self._path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationSpace:
+    """Where a run's stores live. At most three are alive at once (a layer's inputs plus two
+    of: an intermediate, the residual stream, its outputs), so each may keep a third of the
+    budget in memory."""
+
+    directory: Path
+    budget_bytes: int
+
+    def store(self, name: str, shape: tuple[int, ...]) -> ActivationStore:
+        return ActivationStore(shape, self.budget_bytes // 3, self.directory / f"acts-{name}.bin")

@@ -1,21 +1,20 @@
 """Observing the inputs of a layer's linears while the layer runs on calibration activations.
 
-`observe_input` puts a forward pre-hook on one module and hands each input it sees, flattened
-to [tokens, K], to the observers; the forward stops right there (nothing after the observed
-module is needed to learn its input). The observers accumulate what the quantizers need:
+`input_of` runs a computation up to one module and returns that module's input (nothing after
+it is needed to learn it). The observers accumulate, over every chunk of inputs [tokens, K],
+what the quantizers need:
 `HessianObserver` for GPTQ (H = 2/n sum of x x^T), `ChannelObserver` for AWQ (mean |x| per
 input channel and a fixed subset of whole samples for its error searches).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-__all__ = ["ChannelObserver", "HessianObserver", "StopForward", "observe_input"]
+__all__ = ["ChannelObserver", "HessianObserver", "StopForward", "input_of"]
 
 
 class StopForward(Exception):
@@ -23,24 +22,24 @@ class StopForward(Exception):
     wasted work."""
 
 
-@contextmanager
-def observe_input(
-    module: nn.Module, observers: list[Callable[[torch.Tensor], None]]
-) -> Iterator[None]:
-    """While active, each call of ``module`` feeds its input [tokens, K] to every observer and
-    then raises StopForward (catch it around the forward)."""
+def input_of(module: nn.Module, run: Callable[[], object]) -> torch.Tensor:
+    """The input ``module`` receives while ``run()`` executes; the computation stops there."""
+    seen: list[torch.Tensor] = []
 
     def hook(_module: nn.Module, args: tuple) -> None:
-        x = args[0].detach().reshape(-1, args[0].shape[-1]).to(torch.float32)  # [tokens, K]
-        for observe in observers:
-            observe(x)
+        seen.append(args[0])
         raise StopForward
 
     handle = module.register_forward_pre_hook(hook)
     try:
-        yield
+        run()
+    except StopForward:
+        pass
     finally:
         handle.remove()
+    if not seen:
+        raise RuntimeError(f"{type(module).__name__} was not called")
+    return seen[0]
 
 
 class HessianObserver:

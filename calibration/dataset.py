@@ -238,8 +238,7 @@ class CalibrationSet:
     def lock_entry(self, calibration: dict[str, Any]) -> dict[str, Any]:
         """What ``ingot.lock`` records: the recipe's settings, the data digests, the indices."""
         return {
-            **{k: v for k, v in calibration.items() if k != "dataset"},
-            "dataset": calibration["dataset"] if not self.files else "local",
+            **calibration,  # as the recipe wrote it (a local path stays relative to the recipe)
             "dataset_digest": self.dataset_digest,
             "files": self.files or {},
             "windows": self.windows,

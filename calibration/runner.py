@@ -10,8 +10,8 @@ layer back.
 Checkpoints make a killed run resumable: when layer i's checkpoint is written, ``layer_{i}.done``
 marks it finished. A resumed run replays the forward passes of the finished layers (loaded from
 their checkpoints, no observation, no quantization) to rebuild the inputs of the first
-unfinished one. A finished layer's outputs are always computed from the layer as loaded back
-from its checkpoint, in fixed chunks, so a resumed run sees bit-identical activations and writes
+unfinished one. The quantizer computes a layer's outputs with the same operations on the same
+chunks as that replay, so a resumed run sees bit-identical activations and writes
 bit-identical layers.
 """
 
@@ -67,7 +67,7 @@ def run_layers(
     num_layers: int,
     first_inputs: Callable[[], ActivationStore],
     *,
-    quantize_layer: Callable[[int, ActivationStore], None],
+    quantize_layer: Callable[[int, ActivationStore], ActivationStore],
     load_layer: Callable[[int], nn.Module],
     new_store: Callable[[int], ActivationStore],
     forward: Callable[[nn.Module, torch.Tensor], torch.Tensor],
@@ -78,9 +78,10 @@ def run_layers(
     """Quantize layers 0..num_layers-1 in order.
 
     first_inputs()          the inputs of layer 0 (the embeddings of the calibration tokens)
-    quantize_layer(i, x)    quantize layer i observing its inputs x; write its checkpoint
-    load_layer(i)           the finished (quantized) layer i
-    new_store(i)            an empty store for layer i's outputs
+    quantize_layer(i, x)    quantize layer i on its inputs x, write its checkpoint, and return
+                            the quantized layer's outputs
+    load_layer(i)           a finished layer, loaded back from its checkpoint (to replay it)
+    new_store(i)            an empty store for a replayed layer i's outputs
     on_layer(i, event)      progress: "quantized" or "resumed"
     """
     done = [checkpoints is not None and checkpoints.done(i) for i in range(num_layers)]
@@ -88,16 +89,19 @@ def run_layers(
         return
     x = first_inputs()
     for i in range(num_layers):
-        if not done[i]:
-            quantize_layer(i, x)
+        if done[i]:
+            if on_layer is not None:
+                on_layer(i, "resumed")
+            if all(done[i + 1 :]):
+                break  # nothing after this layer needs its outputs
+            outputs = new_store(i)
+            propagate(load_layer(i), x, outputs, forward, batch)
+        else:
+            outputs = quantize_layer(i, x)
             if checkpoints is not None:
                 checkpoints.mark_done(i)
-        if on_layer is not None:
-            on_layer(i, "resumed" if done[i] else "quantized")
-        if all(done[i + 1 :]):
-            break  # nothing after this layer needs its outputs
-        outputs = new_store(i)
-        propagate(load_layer(i), x, outputs, forward, batch)
+            if on_layer is not None:
+                on_layer(i, "quantized")
         x.close()
         x = outputs
     x.close()

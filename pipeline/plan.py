@@ -34,7 +34,8 @@ CONSTANTS = {
     "onnx_bytes_per_second": 40e6,  # ONNX graph building / serializing / ORT optimizing
     "runtime_baseline_bytes": 400 * 2**20,  # python + torch + onnx imported
     "chunk_bytes": 64 * 2**20,  # widest intermediate of a calibration forward chunk (x ~4 live)
-    "forward_passes_per_layer": 3.0,  # true-sequential partial passes + the propagation pass
+    # attention once, the MLP's gate/up twice (observing down, then the outputs), down once
+    "forward_passes_per_layer": 1.7,
     "awq_sample_tokens": 4096,
     "awq_grid": 21,  # 20 scale candidates + plain rounding
 }
@@ -175,10 +176,10 @@ def _quantize_layerwise(shapes: _Shapes, recipe: Recipe, specs) -> StageEstimate
 
     c, cal = shapes.cfg, recipe.calibration
     tokens = cal.samples * cal.seq_len
-    acts = tokens * c.hidden_size * 4  # one store: [N, T, hidden] fp32
+    acts = tokens * max(c.hidden_size, c.num_heads * c.head_dim) * 4  # one store, fp32
     budget = budget_from_env()
-    spilled = 2 * acts > budget
-    act_bytes = 2 * CONSTANTS["chunk_bytes"] if spilled else 2 * acts
+    spilled = acts > budget // 3  # three stores alive at most, a third of the budget each
+    act_bytes = 3 * CONSTANTS["chunk_bytes"] if spilled else 3 * acts
     methods = {s["method"] for s in specs}
     widest_in = max(k for _, k in shapes.linears())
     hessian = widest_in**2 * 4 * 2 if "gptq" in methods else 0
@@ -208,7 +209,7 @@ def _quantize_layerwise(shapes: _Shapes, recipe: Recipe, specs) -> StageEstimate
     where = f"spilled to disk past the {budget / 2**30:.1f} GiB budget" if spilled else "in memory"
     note = (
         f"{'/'.join(sorted(methods))} layer by layer: one layer {layer / 2**20:.0f} MiB, "
-        f"activations 2 x {acts / 2**20:.0f} MiB ({where}), Hessians {hessian / 2**20:.0f} MiB"
+        f"activations 3 x {acts / 2**20:.0f} MiB ({where}), Hessians {hessian / 2**20:.0f} MiB"
     )
     return StageEstimate("quantize", int(peak), seconds, note)
 

@@ -8,7 +8,8 @@ from torch import nn
 
 from ..model.llama import LlamaModel
 from ..recipe_checks import module_selected
-from .layerwise import needs_calibration, quantize_model_calibrated
+from .calibrated import quantize_model_calibrated
+from .layerwise import needs_calibration
 from .rtn import quantize_linear_rtn
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ def quantize_model(
     """Replace the selected linears in place; returns one summary per spec for the manifest.
 
     GPTQ and AWQ entries need ``calibration`` (see `ingot.calibration.dataset.load_calibration`)
-    and run layer by layer through `layerwise.quantize_model_calibrated`.
+    and run layer by layer through `calibrated.quantize_model_calibrated`.
     """
     if needs_calibration(specs):
         if calibration is None:

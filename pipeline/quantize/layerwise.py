@@ -1,65 +1,51 @@
-"""Calibrated quantization (GPTQ, AWQ) of a Llama-family model, one decoder layer at a time.
+"""Calibrated quantization (GPTQ, AWQ) of one Llama-family decoder layer.
 
 Inside a layer the linears are quantized true-sequentially, in the order their inputs are
-computed: q,k,v -> o -> gate,up -> down. Before each group the layer runs on the calibration
-activations (up to that group's input only) with the groups before it already quantized, so
-every group is fitted to the inputs it will really see. RTN entries of the same recipe are
-applied when the layer is loaded. Across layers `ingot.calibration.runner` feeds each layer the
-quantized outputs of the one before.
-
-Two drivers share this: `quantize_model_calibrated` (a model already in memory; for tests and
-benchmarks) and `quantize_checkpoint` (the quantize stage: streams layers from the safetensors,
-checkpoints each finished layer in a work directory, resumes, writes the IR tensor by tensor).
+computed: q,k,v -> o -> gate,up -> down; each group is fitted to the inputs that the already
+quantized groups before it produce. The layer is computed in steps along that order, keeping
+what later steps reuse (the attention output before o_proj, then the residual stream after
+attention), so the attention runs once per layer, not once per group. The outputs are
+bit-identical to a plain forward of the finished layer (the same operations on the same chunks),
+which is what a resumed run replays. RTN entries of the same recipe are applied first.
+The drivers in `calibrated.py` run this layer by layer.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import json
-import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ingot.calibration.activations import ActivationStore, budget_from_env
-from ingot.calibration.capture import ChannelObserver, HessianObserver, StopForward, observe_input
-from ingot.calibration.dataset import CalibrationSet
-from ingot.calibration.runner import LayerCheckpoints, run_layers
+from ingot.calibration.activations import ActivationStore
+from ingot.calibration.capture import ChannelObserver, HessianObserver, input_of
 
 from ..model.config import ModelConfig
 from ..model.layers import DecoderLayer
-from ..model.llama import LlamaModel, causal_mask
-from ..model.load import CheckpointReader
+from ..model.llama import causal_mask
 from ..model.qlinear import QuantizedLinear
 from ..model.rope import cos_sin
+from ..recipe import CALIBRATED_METHODS
 from ..recipe_checks import module_selected
 from .awq import apply_scales, quantize_linear_awq, scaling_groups, search_scales
-from .checkpoint import (
-    layer_tensor_sources,
-    load_layer,
-    save_layer,
-    write_ir_config,
-    write_safetensors,
-)
 from .gptq import quantize_linear_gptq
-from .rtn import quantize_linear_rtn, quantize_weight
+from .rtn import quantize_linear_rtn
 from .threads import solver_threads
 
 __all__ = [
+    "AWQ_SAMPLE_TOKENS",
     "CALIBRATED_METHODS",
     "LAYER_GROUPS",
     "LayerForward",
+    "dequantized_for_propagation",
+    "layer_plan",
     "needs_calibration",
-    "quantize_checkpoint",
     "quantize_layer",
-    "quantize_model_calibrated",
 ]
 
-CALIBRATED_METHODS = ("gptq", "awq")
 # True-sequential order: each group's input depends only on the groups before it.
 LAYER_GROUPS = (
     ("attn.q_proj", "attn.k_proj", "attn.v_proj"),
@@ -67,7 +53,7 @@ LAYER_GROUPS = (
     ("mlp.gate_proj", "mlp.up_proj"),
     ("mlp.down_proj",),
 )
-AWQ_SAMPLE_TOKENS = 4096  # token rows AWQ's scale and clip searches measure their error on
+AWQ_SAMPLE_TOKENS = 4096  # about this many tokens (whole samples) for AWQ's error searches
 _CHUNK_BYTES = 64 * 2**20  # widest intermediate of one forward chunk
 
 
@@ -75,7 +61,7 @@ def needs_calibration(specs: list[dict[str, Any]]) -> bool:
     return any(spec["method"] in CALIBRATED_METHODS for spec in specs)
 
 
-def _layer_plan(i: int, specs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def layer_plan(i: int, specs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """{linear name inside layer i: the spec selecting it} (the recipe checks allow one)."""
     plan = {}
     for group in LAYER_GROUPS:
@@ -105,8 +91,12 @@ class LayerForward:
         batch = max(1, min(samples, _CHUNK_BYTES // (seq_len * widest * 4)))
         return cls(cos, sin, mask, batch)
 
+    @property
+    def rope_and_mask(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.cos, self.sin, self.mask
+
     def __call__(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return layer(x, self.cos, self.sin, self.mask)[0]
+        return layer(x, *self.rope_and_mask)[0]
 
 
 def _dequantize_in_place(layer: nn.Module) -> list[tuple[str, QuantizedLinear]]:
@@ -125,19 +115,19 @@ def _dequantize_in_place(layer: nn.Module) -> list[tuple[str, QuantizedLinear]]:
     return swapped
 
 
-def _observe(layer, module, observers, inputs: ActivationStore, forward: LayerForward) -> None:
+@contextlib.contextmanager
+def _dequantized(layer: nn.Module) -> Iterator[None]:
     swapped = _dequantize_in_place(layer)
     try:
-        with observe_input(module, observers), torch.no_grad():
-            for start in range(0, len(inputs), forward.batch):
-                with contextlib.suppress(StopForward):
-                    forward(layer, inputs.read(start, min(start + forward.batch, len(inputs))))
+        with torch.no_grad():
+            yield
     finally:
         for name, quantized in swapped:
             _replace(layer, name, quantized)
 
 
-def _for_propagation(layer: nn.Module) -> nn.Module:
+def dequantized_for_propagation(layer: nn.Module) -> nn.Module:
+    """The finished layer, ready to run many chunks (the runner's replay of resumed layers)."""
     _dequantize_in_place(layer)
     return layer
 
@@ -147,53 +137,135 @@ def _replace(layer: nn.Module, name: str, new: nn.Module) -> None:
     setattr(layer.get_submodule(parent), child, new)
 
 
+# A slice of samples [start, stop) -> the activations of those samples at some point.
+Chunks = Callable[[int, int], torch.Tensor]
+
+
 def quantize_layer(
     layer: DecoderLayer,
-    inputs: ActivationStore,
+    x: ActivationStore,
     plan: dict[str, dict[str, Any]],
     forward: LayerForward,
     cfg: ModelConfig,
-) -> None:
-    """Quantize the linears of ``plan`` in place, true-sequentially, on the layer's inputs."""
+    new_store: Callable[[str, tuple[int, ...]], ActivationStore],
+) -> ActivationStore:
+    """Quantize the linears of ``plan`` in place on the layer's inputs ``x`` [N, T, hidden];
+    returns the quantized layer's outputs (a store from ``new_store(name, shape)``)."""
+    n, t = x.shape[0], x.shape[1]
     with torch.no_grad():
         for name, spec in plan.items():
             if spec["method"] == "rtn":
                 linear = layer.get_submodule(name)
-                q = quantize_linear_rtn(linear, spec["bits"], spec["group_size"], spec["symmetric"])
-                _replace(layer, name, q)
-    scaled_by = {linears: prev for prev, linears in scaling_groups(cfg.num_heads, cfg.num_kv_heads)}
-    samples, seq_len = inputs.shape[0], inputs.shape[1]
-    for group in LAYER_GROUPS:
+                _replace(layer, name, quantize_linear_rtn(linear, *_quantizer(spec)))
+    step = _Steps(layer, plan, forward, cfg, n, t)
+    qkv, o, gate_up, down = LAYER_GROUPS
+
+    step.quantize(qkv, lambda a, b: layer.attn_norm(x.read(a, b)))
+    attn = new_store("attn", (n, t, cfg.num_heads * cfg.head_dim))  # o_proj's input
+
+    def attention(a: int, b: int) -> torch.Tensor:
+        xs = layer.attn_norm(x.read(a, b))
+        return input_of(layer.attn.o_proj, lambda: layer.attn(xs, *forward.rope_and_mask))
+
+    step.fill(attn, attention)
+    if step.quantize(o, attn.read):  # AWQ folded 1/s into v_proj: the attention changed
+        step.fill(attn, attention)
+    resid = new_store("resid", (n, t, cfg.hidden_size))  # the residual stream after attention
+    step.fill(resid, lambda a, b: x.read(a, b) + layer.attn.o_proj(attn.read(a, b)))
+    attn.close()
+
+    step.quantize(gate_up, lambda a, b: layer.mlp_norm(resid.read(a, b)))
+
+    def down_input(a: int, b: int) -> torch.Tensor:
+        h = layer.mlp_norm(resid.read(a, b))
+        return input_of(layer.mlp.down_proj, lambda: layer.mlp(h))
+
+    step.quantize(down, down_input)
+    out = new_store("out", (n, t, cfg.hidden_size))
+
+    def output(a: int, b: int) -> torch.Tensor:
+        h = resid.read(a, b)
+        return h + layer.mlp(layer.mlp_norm(h))
+
+    step.fill(out, output)
+    resid.close()
+    return out
+
+
+@dataclass(slots=True)
+class _Steps:
+    """The chunked computations of one layer, with its quantized linears dequantized once."""
+
+    layer: DecoderLayer
+    plan: dict[str, dict[str, Any]]
+    forward: LayerForward
+    cfg: ModelConfig
+    samples: int
+    seq_len: int
+
+    def chunks(self) -> list[tuple[int, int]]:
+        b = self.forward.batch
+        return [(a, min(a + b, self.samples)) for a in range(0, self.samples, b)]
+
+    def fill(self, store: ActivationStore, compute: Chunks) -> None:
+        with _dequantized(self.layer):
+            for a, b in self.chunks():
+                store.write(a, compute(a, b))
+
+    def quantize(self, group: tuple[str, ...], inputs: Chunks) -> bool:
+        """Observe the group's input over every chunk, then quantize its calibrated linears.
+        True when an AWQ scale was folded into the module before the group."""
+        plan, layer = self.plan, self.layer
         chosen = [n for n in group if n in plan and plan[n]["method"] in CALIBRATED_METHODS]
         if not chosen:
-            continue
+            return False
         methods = {plan[n]["method"] for n in chosen}
-        first = layer.get_submodule(group[0])  # the group's linears share one input
-        hessian = HessianObserver(first.in_features) if "gptq" in methods else None
-        channels = None
+        width = layer.get_submodule(group[0]).in_features  # the group shares one input
+        observers: list[Callable[[torch.Tensor], None]] = []
+        hessian = channels = None
+        if "gptq" in methods:
+            observers.append(hessian := HessianObserver(width))
         if "awq" in methods:
-            channels = ChannelObserver(first.in_features, samples, seq_len, AWQ_SAMPLE_TOKENS)
-        _observe(layer, first, [o for o in (hessian, channels) if o], inputs, forward)
+            channels = ChannelObserver(width, self.samples, self.seq_len, AWQ_SAMPLE_TOKENS)
+            observers.append(channels)
+        with _dequantized(layer):
+            for a, b in self.chunks():
+                x = inputs(a, b).reshape(-1, width).to(torch.float32)  # [tokens, K]
+                for observe in observers:
+                    observe(x)
 
-        x = None
-        with torch.no_grad(), solver_threads(first.in_features):
+        x, scale = None, None
+        with torch.no_grad(), solver_threads(width):
             if channels is not None:
                 x = channels.sample()  # [S * T, K]
-                all_awq = all(plan.get(n, {}).get("method") == "awq" for n in group)
-                if all_awq and group in scaled_by:
-                    linears = [layer.get_submodule(n) for n in group]
-                    s = search_scales(
-                        channels.mean_abs(),
-                        [m.weight.data for m in linears],
-                        [_quantizer(plan[n]) for n in group],
-                        _inspected_output(layer, group, x.view(-1, seq_len, x.shape[-1]), forward),
-                    )
-                    apply_scales(layer.get_submodule(scaled_by[group]), linears, s)
-                    x = x / s  # what the scaled linears now receive
+                scale = self._awq_scale(group, channels, x)
+                if scale is not None:
+                    x = x / scale  # what the scaled linears now receive
             h = None if hessian is None else hessian.hessian()
             for name in chosen:
                 quantized = _quantize_one(layer.get_submodule(name), name, plan[name], h, x)
                 _replace(layer, name, quantized)
+        return scale is not None
+
+    def _awq_scale(
+        self, group: tuple[str, ...], channels: ChannelObserver, x: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Search the group's AWQ scale and fold it in; None when the group is not scaled
+        (GQA for v -> o, or a linear of the group not selected by AWQ)."""
+        groups = scaling_groups(self.cfg.num_heads, self.cfg.num_kv_heads)
+        prev = {linears: prev for prev, linears in groups}.get(group)
+        if prev is None or any(self.plan.get(n, {}).get("method") != "awq" for n in group):
+            return None
+        linears = [self.layer.get_submodule(n) for n in group]
+        samples = x.view(-1, self.seq_len, x.shape[-1])  # [S, T, K]: whole sequences
+        s = search_scales(
+            channels.mean_abs(),
+            [m.weight.data for m in linears],
+            [_quantizer(self.plan[n]) for n in group],
+            _inspected_output(self.layer, group, samples, self.forward),
+        )
+        apply_scales(self.layer.get_submodule(prev), linears, s)
+        return s
 
 
 def _inspected_output(layer: DecoderLayer, group: tuple[str, ...], x: torch.Tensor, forward):
@@ -204,7 +276,7 @@ def _inspected_output(layer: DecoderLayer, group: tuple[str, ...], x: torch.Tens
 
     def module() -> torch.Tensor:
         if group == LAYER_GROUPS[0]:
-            return layer.attn(x, forward.cos, forward.sin, forward.mask)[0]
+            return layer.attn(x, *forward.rope_and_mask)[0]
         if group == LAYER_GROUPS[2]:
             return layer.mlp(x)
         return linears[0](x)
@@ -240,153 +312,3 @@ def _quantize_one(linear: nn.Linear, name: str, spec: dict, hessian, x) -> Quant
             block_size=spec["block_size"],
         )
     return quantize_linear_awq(linear, x, name=name, **common)
-
-
-def _embed(table: torch.Tensor, tokens: torch.Tensor, store: ActivationStore, batch: int) -> None:
-    for start in range(0, len(tokens), batch):
-        store.write(start, nn.functional.embedding(tokens[start : start + batch], table))
-
-
-def _summaries(specs: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
-    return [
-        {**spec, "modules": sum(module_selected(n, spec["targets"], spec["ignore"]) for n in names)}
-        for spec in specs
-    ]
-
-
-def _rtn_spec(name: str, specs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    # Outside the decoder layers (lm_head) only RTN applies: the recipe checks refuse the rest.
-    for spec in specs:
-        if module_selected(name, spec["targets"], spec["ignore"]):
-            return spec if spec["method"] == "rtn" else None
-    return None
-
-
-def quantize_model_calibrated(
-    model: LlamaModel,
-    specs: list[dict[str, Any]],
-    calibration: CalibrationSet,
-    *,
-    budget_bytes: int | None = None,
-) -> list[dict[str, Any]]:
-    """Quantize a model in memory (every spec, RTN ones included); returns the summaries."""
-    cfg = model.cfg
-    tokens = torch.as_tensor(calibration.tokens)
-    n, t = tokens.shape
-    forward = LayerForward.for_config(cfg, n, t)
-    budget = budget_from_env() if budget_bytes is None else budget_bytes
-    with tempfile.TemporaryDirectory(prefix="ingot-acts-") as tmp:
-        work = Path(tmp)
-
-        def first_inputs() -> ActivationStore:
-            store = ActivationStore((n, t, cfg.hidden_size), budget // 2, work / "acts-embed.bin")
-            _embed(model.embed_tokens.weight.data, tokens, store, forward.batch)
-            return store
-
-        def quantize(i: int, x: ActivationStore) -> None:
-            quantize_layer(model.layers[i], x, _layer_plan(i, specs), forward, cfg)
-
-        run_layers(
-            cfg.num_layers,
-            first_inputs,
-            quantize_layer=quantize,
-            load_layer=lambda i: _for_propagation(copy.deepcopy(model.layers[i])),
-            new_store=lambda i: ActivationStore(
-                (n, t, cfg.hidden_size), budget // 2, work / f"acts-{i % 2}.bin"
-            ),
-            forward=forward,
-            batch=forward.batch,
-        )
-    spec = _rtn_spec("lm_head", specs)
-    if spec is not None:
-        model.lm_head = quantize_linear_rtn(
-            model.lm_head, spec["bits"], spec["group_size"], spec["symmetric"]
-        )
-    linears = (nn.Linear, QuantizedLinear)
-    names = [name for name, m in model.named_modules() if isinstance(m, linears)]
-    return _summaries(specs, names)
-
-
-def quantize_checkpoint(
-    source: Path,
-    specs: list[dict[str, Any]],
-    calibration: CalibrationSet,
-    out: Path,
-    work_dir: Path,
-    *,
-    budget_bytes: int | None = None,
-    on_layer=None,
-) -> list[dict[str, Any]]:
-    """The quantize stage for calibrated recipes: ``out`` gets ir_config.json + ir.safetensors.
-
-    ``work_dir`` holds the finished layers (``layer_{i}.*``) and spilled activations; it must
-    survive a crash for a rerun to resume. ``on_layer(i, event)`` reports progress.
-    """
-    work_dir.mkdir(parents=True, exist_ok=True)
-    reader = CheckpointReader(source)
-    cfg = reader.cfg
-    tokens = torch.as_tensor(calibration.tokens)
-    n, t = tokens.shape
-    forward = LayerForward.for_config(cfg, n, t)
-    budget = budget_from_env() if budget_bytes is None else budget_bytes
-    checkpoints = LayerCheckpoints(work_dir)
-    shape = (n, t, cfg.hidden_size)
-
-    def first_inputs() -> ActivationStore:
-        store = ActivationStore(shape, budget // 2, work_dir / "acts-embed.bin")
-        _embed(reader.tensor("embed_tokens.weight"), tokens, store, forward.batch)
-        return store
-
-    def quantize(i: int, x: ActivationStore) -> None:
-        layer = reader.layer(i)
-        quantize_layer(layer, x, _layer_plan(i, specs), forward, cfg)
-        save_layer(layer, checkpoints.stem(i))
-
-    run_layers(
-        cfg.num_layers,
-        first_inputs,
-        quantize_layer=quantize,
-        load_layer=lambda i: _for_propagation(load_layer(cfg, checkpoints.stem(i))),
-        new_store=lambda i: ActivationStore(shape, budget // 2, work_dir / f"acts-{i % 2}.bin"),
-        forward=forward,
-        batch=forward.batch,
-        checkpoints=checkpoints,
-        on_layer=on_layer,
-    )
-    return _assemble(reader, specs, checkpoints, out)
-
-
-def _assemble(reader: CheckpointReader, specs, checkpoints: LayerCheckpoints, out: Path):
-    """ir_config.json + ir.safetensors from the layer checkpoints and the source's other
-    tensors, one tensor in memory at a time."""
-    cfg = reader.cfg
-    h, v = cfg.hidden_size, cfg.vocab_size
-    embed, norm = "embed_tokens.weight", "norm.weight"
-    sources = [
-        (embed, (v, h), torch.float32, lambda: reader.tensor(embed)),
-        (norm, (h,), torch.float32, lambda: reader.tensor(norm)),
-    ]
-    quantized = {}
-    for i in range(cfg.num_layers):
-        stem = checkpoints.stem(i)
-        sources += layer_tensor_sources(stem, f"layers.{i}.")
-        layer_meta = json.loads(stem.with_suffix(".json").read_text())["quantized"]
-        quantized.update({f"layers.{i}.{k}": q for k, q in layer_meta.items()})
-    head_name = "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    spec = _rtn_spec("lm_head", specs)
-    if spec is not None:
-        codes, scales, zeros = quantize_weight(
-            reader.tensor(head_name), spec["bits"], spec["group_size"], spec["symmetric"]
-        )
-        g = h if spec["group_size"] == -1 else spec["group_size"]
-        quantized["lm_head"] = {"bits": spec["bits"], "group_size": g}
-        parts = {"codes": codes, "scales": scales, "zero_points": zeros}
-        for key, t in parts.items():
-            if t is not None:
-                sources.append((f"lm_head.{key}", tuple(t.shape), t.dtype, lambda t=t: t))
-    elif not cfg.tie_word_embeddings:
-        sources.append(("lm_head.weight", (v, h), torch.float32, lambda: reader.tensor(head_name)))
-    write_ir_config(cfg, dict(sorted(quantized.items())), out)
-    write_safetensors(out / "ir.safetensors", sources)
-    names = [*(f"layers.{i}.{n}" for i in range(cfg.num_layers) for g_ in LAYER_GROUPS for n in g_)]
-    return _summaries(specs, [*names, "lm_head"])

@@ -1,7 +1,7 @@
 """Stage: load the source checkpoint into the IR, quantize it, save the IR.
 
 RTN-only recipes load the whole model and round it. Recipes with GPTQ / AWQ entries stream the
-checkpoint layer by layer (`quantize.layerwise.quantize_checkpoint`) on the calibrate stage's
+checkpoint layer by layer (`quantize.calibrated.quantize_checkpoint`) on the calibrate stage's
 windows, checkpointing each finished layer in ``work_dir`` so a killed build resumes.
 """
 
@@ -15,8 +15,9 @@ from ingot.calibration.dataset import CalibrationSet
 
 from ..model.load import load_model
 from ..quantize.apply import quantize_model
+from ..quantize.calibrated import quantize_checkpoint
 from ..quantize.checkpoint import save_ir
-from ..quantize.layerwise import needs_calibration, quantize_checkpoint
+from ..quantize.layerwise import needs_calibration
 
 __all__ = ["run_quantize"]
 

@@ -10,7 +10,6 @@ import weakref
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from ingot.calibration import runner
 from ingot.calibration.activations import ActivationStore
@@ -18,7 +17,7 @@ from ingot.calibration.dataset import CalibrationSet
 from ingot.pipeline.build import build
 from ingot.pipeline.cache import StageCache, directory_digest
 from ingot.pipeline.model.load import CheckpointReader, load_model
-from ingot.pipeline.quantize import layerwise
+from ingot.pipeline.quantize import calibrated
 from ingot.pipeline.quantize.checkpoint import load_ir
 
 from fixtures import make_checkpoint, write_recipe
@@ -79,7 +78,7 @@ def test_activation_store_spills_to_disk_and_round_trips(tmp_path):
 def test_killed_run_resumes_into_the_identical_output(tmp_path, checkpoint, calibration):
     whole = tmp_path / "whole"
     whole.mkdir()
-    layerwise.quantize_checkpoint(checkpoint, SPECS, calibration, whole, tmp_path / "w1")
+    calibrated.quantize_checkpoint(checkpoint, SPECS, calibration, whole, tmp_path / "w1")
 
     def kill_after_layer_1(i: int, event: str) -> None:
         if i == 1:
@@ -88,12 +87,12 @@ def test_killed_run_resumes_into_the_identical_output(tmp_path, checkpoint, cali
     out, work = tmp_path / "resumed", tmp_path / "w2"
     out.mkdir()
     with pytest.raises(KeyboardInterrupt):
-        layerwise.quantize_checkpoint(
+        calibrated.quantize_checkpoint(
             checkpoint, SPECS, calibration, out, work, on_layer=kill_after_layer_1
         )
     assert sorted(p.name for p in work.glob("*.done")) == ["layer_0.done", "layer_1.done"]
     events = []
-    layerwise.quantize_checkpoint(
+    calibrated.quantize_checkpoint(
         checkpoint,
         SPECS,
         calibration,
@@ -106,7 +105,7 @@ def test_killed_run_resumes_into_the_identical_output(tmp_path, checkpoint, cali
 
     # The in-memory driver (what benchmarks call) computes exactly what the stage wrote.
     model = load_model(checkpoint)
-    layerwise.quantize_model_calibrated(model, SPECS, calibration)
+    calibrated.quantize_model_calibrated(model, SPECS, calibration)
     expected = {k: v for k, v in model.state_dict().items() if v is not None}
     actual = load_ir(out).state_dict()
     assert sorted(expected) == sorted(k for k, v in actual.items() if v is not None)
@@ -116,7 +115,8 @@ def test_killed_run_resumes_into_the_identical_output(tmp_path, checkpoint, cali
 
 def test_only_one_layer_is_alive_at_a_time(tmp_path, checkpoint, calibration, monkeypatch):
     # Peak memory independent of depth, checked structurally: the runner never holds two
-    # layers' float weights, nor more than two activation stores (a layer's inputs and outputs).
+    # layers' float weights, nor more than three activation stores (a layer's inputs plus two of
+    # its attention output, residual stream and outputs).
     alive: list[weakref.ref] = []
     open_stores: set[int] = set()
     most = {"layers": 0, "stores": 0}
@@ -147,8 +147,8 @@ def test_only_one_layer_is_alive_at_a_time(tmp_path, checkpoint, calibration, mo
     monkeypatch.setattr(ActivationStore, "close", tracked_close)
     out = tmp_path / "out"
     out.mkdir()
-    layerwise.quantize_checkpoint(checkpoint, SPECS[:1], calibration, out, tmp_path / "work")
-    assert len(alive) == 3 and most["layers"] == 1 and most["stores"] == 2
+    calibrated.quantize_checkpoint(checkpoint, SPECS[:1], calibration, out, tmp_path / "work")
+    assert len(alive) == 3 and most["layers"] == 1 and most["stores"] == 3
     assert not open_stores
 
 
@@ -172,7 +172,7 @@ def test_build_resumes_after_a_kill_into_the_same_artifact(tmp_path, checkpoint,
     assert entry["dataset_digest"].startswith("sha256:") and len(entry["indices"]) == 8
     assert entry["files"] == {"calib.txt": entry["dataset_digest"][7:]}
     assert {"calibrate", "quantize"} <= set(lock["stages"])
-    assert yaml.safe_load(recipe.read_text())["calibration"]["dataset"] == "calib.txt"
+    assert entry["dataset"] == "calib.txt" and entry["seed"] == 3  # as written: no local path
 
     cache = StageCache(tmp_path / "c2")
     mark_done = runner.LayerCheckpoints.mark_done

@@ -1,0 +1,102 @@
+"""Recipe entries for GPTQ and AWQ: defaults, the calibration they need, and the combinations
+refused before any work."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from ingot.pipeline.recipe import AwqQuantize, GptqQuantize, RecipeError, load_recipe
+from ingot.pipeline.recipe_checks import check_recipe_against_model
+
+CALIBRATION = "calibration: {dataset: calib.txt, samples: 16, seq_len: 64}\n"
+MODEL_CONFIG = {
+    "hidden_size": 96,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 4096,
+}
+
+
+def load(tmp_path, quantize: str, calibration: str = CALIBRATION):
+    text = (
+        f"source: {{path: ./ckpt}}\nartifact: {{name: tiny}}\n{calibration}quantize: {quantize}\n"
+    )
+    path = tmp_path / "recipe.yaml"
+    path.write_text(textwrap.dedent(text))
+    return load_recipe(path)
+
+
+def test_defaults(tmp_path):
+    recipe = load(
+        tmp_path,
+        "[{method: gptq, bits: 4, group_size: 128, targets: ['re:layers\\..*\\.attn\\..*']},"
+        " {method: awq, bits: 4, group_size: 32, targets: ['re:layers\\..*\\.mlp\\..*']}]",
+    )
+    gptq, awq = recipe.quantize
+    assert isinstance(gptq, GptqQuantize) and isinstance(awq, AwqQuantize)
+    assert (gptq.actorder, gptq.static_groups, gptq.dampening_frac, gptq.block_size) == (
+        True,
+        True,
+        0.01,
+        128,
+    )
+    assert gptq.symmetric and not awq.symmetric  # AWQ is asymmetric unless told otherwise
+    assert recipe.calibration.seed == 0 and recipe.calibration.split == "train"
+
+
+@pytest.mark.parametrize(
+    ("quantize", "calibration", "fragments"),
+    [
+        (
+            "[{method: gptq, bits: 4, group_size: 128}]",
+            "",
+            ["calibration: required field missing", "quantize.0 (method gptq)"],
+        ),
+        (
+            "[{method: rtn, bits: 4, group_size: 32}, {method: awq, bits: 4, group_size: 32}]",
+            "",
+            ["calibration:", "quantize.1 (method awq)"],
+        ),
+        (
+            "[{method: gptq, bits: 4, group_size: 64, static_groups: false}]",
+            CALIBRATION,
+            ["quantize.0.static_groups", "g_idx", "got False"],
+        ),
+        ("[{method: awq, bits: 8, group_size: 32}]", CALIBRATION, ["quantize.0.bits", "got 8"]),
+        (
+            "[{method: gptq, bits: 4, group_size: 32, dampening_frac: 0}]",
+            CALIBRATION,
+            ["quantize.0.dampening_frac"],
+        ),
+        (
+            "[{method: gptq, bits: 4, group_size: 32, blocksize: 64}]",
+            CALIBRATION,
+            ["quantize.0.blocksize: unknown field", "block_size"],
+        ),
+    ],
+)
+def test_refused(tmp_path, quantize, calibration, fragments):
+    with pytest.raises(RecipeError) as err:
+        load(tmp_path, quantize, calibration)
+    assert any(all(f in line for f in fragments) for line in err.value.problems), err.value
+
+
+def test_act_order_per_channel_needs_no_static_groups(tmp_path):
+    # One group per row: the order of the columns cannot scatter it.
+    recipe = load(tmp_path, "[{method: gptq, bits: 4, group_size: -1, static_groups: false}]")
+    assert not recipe.quantize[0].static_groups
+
+
+def test_calibrated_methods_refuse_lm_head(tmp_path):
+    recipe = load(tmp_path, "[{method: gptq, bits: 8, group_size: 32, ignore: []}]")
+    with pytest.raises(RecipeError, match=r"quantize\.0\.ignore: gptq quantizes decoder-layer"):
+        check_recipe_against_model(recipe, MODEL_CONFIG)
+    mixed = load(
+        tmp_path,
+        "[{method: awq, bits: 4, group_size: 32},"
+        " {method: rtn, bits: 8, group_size: 32, targets: [lm_head], ignore: []}]",
+    )
+    check_recipe_against_model(mixed, MODEL_CONFIG)  # lm_head by RTN, the layers by AWQ
