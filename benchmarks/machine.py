@@ -62,11 +62,12 @@ def measure_bandwidth(threads: int) -> dict[str, Any]:
 
 
 def memory_status() -> dict[str, int]:
-    """This process's peak and current resident set size (bytes), from /proc/self/status."""
+    """This process's peak resident set size, and the current one (at exit for a worker, after
+    the engine is freed), in bytes, from /proc/self/status."""
     status = _read("/proc/self/status")
     return {
         "peak_rss_bytes": int(_first_field(status, "VmHWM").split()[0]) * 1024,
-        "rss_bytes": int(_first_field(status, "VmRSS").split()[0]) * 1024,
+        "rss_at_exit_bytes": int(_first_field(status, "VmRSS").split()[0]) * 1024,
     }
 
 

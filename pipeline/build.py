@@ -55,7 +55,26 @@ class BuildResult:
 
 
 def tool_versions() -> dict[str, str]:
-    return {name: version(name) for name in _TOOLS}
+    """Versions of the tools each stage's output depends on, plus a digest of the code that
+    builds the stages: an editable install keeps one version number across code changes, and
+    a stage must not be served from a cache entry that older code wrote."""
+    versions = {name: version(name) for name in _TOOLS}
+    versions["ingot_source"] = _source_digest_of_build_code()
+    return versions
+
+
+def _source_digest_of_build_code() -> str:
+    import ingot.artifacts
+    import ingot.calibration
+    import ingot.pipeline
+
+    digest = hashlib.sha256()
+    for package in (ingot.pipeline, ingot.calibration, ingot.artifacts):
+        root = Path(package.__file__).parent
+        for file in sorted(root.rglob("*.py")):
+            digest.update(file.relative_to(root).as_posix().encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
 
 
 def build(

@@ -98,3 +98,13 @@ def test_matmul_accuracy_level_reaches_the_engine(tmp_path, tiny_checkpoint):
         if attr.name == "accuracy_level"
     }
     assert levels == {4}
+
+
+def test_a_change_to_the_build_code_invalidates_the_cache(tmp_path, tiny_checkpoint, monkeypatch):
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint)
+    cache = StageCache(tmp_path / "cache")
+    build(recipe, tmp_path / "a", cache=cache)
+    # An editable install keeps its version number across edits; the source digest does not.
+    monkeypatch.setattr(build_module, "_source_digest_of_build_code", lambda: "edited")
+    again = build(recipe, tmp_path / "a", cache=cache)
+    assert not any(s.cached for s in again.stages)

@@ -10,9 +10,10 @@ import sys
 import types
 
 import pytest
-from fixtures import make_checkpoint
 
 from ingot.pipeline.source import SourceError, resolve_source
+
+from fixtures import make_checkpoint
 
 
 @pytest.fixture(scope="module")
