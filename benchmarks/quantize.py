@@ -428,7 +428,7 @@ def _targets(rows, depth, settings) -> list[dict[str, Any]]:
             }
         )
     by_model = {r["model"]: r["peak_rss_bytes"] / 2**20 for r in depth if r.get("ok")}
-    for base in ("pydoc-16m", "random-8L"):
+    for base in [b for b in ("pydoc-16m", "random-8L") if b in by_model]:
         shallow, deep = by_model.get(base), by_model.get("random-16L")
         targets.append(
             {
