@@ -213,6 +213,12 @@ class GptqQuantize(_Strict):
     block_size: int = Field(
         default=128, ge=1, le=4096, description="Columns per lazy batch update."
     )
+    true_sequential: bool = Field(
+        default=False,
+        description="Fit each group of a layer (q,k,v -> o -> gate,up -> down) to the inputs "
+        "the already quantized groups before it produce, instead of observing every group "
+        "on the layer as loaded.",
+    )
 
     @field_validator("static_groups")
     @classmethod

@@ -10,8 +10,12 @@ layer-wise squared error, H = 2/n * sum x x^T over the calibration inputs x of t
   with the largest inputs first, while the most error-absorbing columns remain.
 - Static groups (``static_groups``): each group's scale and zero point are computed from the
   original weights *before* the permutation, over contiguous input channels, as in AutoGPTQ's
-  static groups and llm-compressor's `actorder: static/weight`. Without them the parameters of a
-  group are taken from the error-updated weights when the group's first column is reached.
+  static groups and llm-compressor's `actorder: static/weight`. Two candidates are solved: the
+  min-max range and the range minimizing sum |w - q(w)|^2.4 (GPTQ's `mse` grid); rows are
+  independent given H, so each output row keeps the candidate with the smaller layer-wise
+  error (W - Q) H (W - Q)^T, never worse than min-max alone. Without static groups the
+  parameters of a group are taken from the error-updated weights when its first column is
+  reached.
 
 **Act order and export.** Act order with dynamic groups gives each group a scattered set of
 input channels (a non-trivial ``g_idx``), which a blocked ``DequantizeLinear`` cannot express
@@ -28,7 +32,7 @@ import torch
 from torch import nn
 
 from ..model.qlinear import QuantizedLinear
-from .rtn import quantize_weight, round_to_codes
+from .rtn import mse_scales, quantize_weight, round_to_codes
 from .threads import solver_threads
 
 __all__ = ["gptq_quantize", "quantize_linear_gptq", "GptqError"]
@@ -90,10 +94,10 @@ def _gptq(
     bits: int,
     group_size: int,
     symmetric: bool,
-    actorder: bool = True,
-    static_groups: bool = True,
-    dampening_frac: float = 0.01,
-    block_size: int = 128,
+    actorder: bool,
+    static_groups: bool,
+    dampening_frac: float,
+    block_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     n, k = weight.shape
     g = k if group_size == -1 else group_size
@@ -102,61 +106,106 @@ def _gptq(
     dead = torch.diag(h) == 0  # channels never active in the calibration data
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
-
-    # Static parameters: from the original weights, contiguous groups of the original order.
-    fixed = static_groups or g == k
-    scales = torch.empty(n, k // g)
-    zeros = None if symmetric else torch.empty(n, k // g)
-    if fixed:
-        _, scales, zeros = quantize_weight(w, bits, group_size, symmetric)
-        zeros = None if zeros is None else zeros.to(torch.float32)
-
     perm = torch.argsort(torch.diag(h), descending=True, stable=True) if actorder else None
-    if perm is not None:
-        w, h = w[:, perm], h[perm][:, perm]
-    hinv = _inverse_hessian_cholesky(h, dampening_frac)
+    order = perm if perm is not None else torch.arange(k)
+    hinv = _inverse_hessian_cholesky(h[order][:, order], dampening_frac)
+    solve = _Solve(hinv, bits, g, symmetric, block_size)
 
-    # Columns of W are rows here ([K, N]): every per-column step reads and writes contiguously.
-    wt = w.T.contiguous()
-    codes = torch.empty(k, n)
-    for i1 in range(0, k, block_size):
-        i2 = min(i1 + block_size, k)
-        w1 = wt[i1:i2].clone()  # [B, N]
-        err1 = torch.zeros_like(w1)
-        hinv1 = hinv[i1:i2, i1:i2]
-        for j in range(i2 - i1):
-            col = i1 + j
-            if fixed:
-                group = (int(perm[col]) if perm is not None else col) // g
-            else:
-                group = col // g  # groups follow the visiting order
-                if col % g == 0:
-                    # The group's current (error-updated) columns: this block's, then later ones.
-                    current = torch.cat((w1[j:], wt[i2:]))[:g].T
-                    _, s, z = quantize_weight(current, bits, -1, symmetric)
-                    scales[:, group] = s[:, 0]
-                    if zeros is not None:
-                        zeros[:, group] = z[:, 0].to(torch.float32)
-            s = scales[:, group]
-            z = None if zeros is None else zeros[:, group]
-            q = round_to_codes(w1[j], s, z, bits)
-            codes[col] = q
-            deq = q * s if z is None else (q - z) * s
-            err = (w1[j] - deq) / hinv1[j, j]
-            w1[j:].addr_(hinv1[j, j:], err, alpha=-1)  # the rest of the block absorbs it
-            err1[j] = err
-        wt[i2:].addmm_(hinv[i1:i2, i2:].T, err1, alpha=-1)  # lazy update of later blocks
-    codes = codes.T
+    if not (static_groups or g == k):
+        codes, scales, zeros = solve.dynamic(w[:, order])
+        inverse = torch.argsort(order)
+        g_idx = (torch.arange(k) // g)[inverse] if perm is not None else None
+        return _pack(codes[:, inverse], scales, zeros, symmetric) + (g_idx,)
 
-    g_idx = None
-    if perm is not None:
-        inverse = torch.argsort(perm)
-        codes = codes[:, inverse]
-        if not fixed:
-            g_idx = (torch.arange(k) // g)[inverse]
+    # Static parameters, from the original weights over contiguous groups: min-max ranges and
+    # the ranges that minimize the rounding error. Rows are independent in GPTQ (they share only
+    # H), so both candidates are solved in one stacked pass and each row keeps the one with the
+    # smaller layer-wise error (W - Q) H (W - Q)^T: never worse than min-max alone.
+    _, minmax_scales, minmax_zeros = quantize_weight(w, bits, group_size, symmetric)
+    mse, mse_zeros = mse_scales(w, bits, group_size, symmetric)
+    scales = torch.cat((minmax_scales, mse))
+    zeros = None if symmetric else torch.cat((minmax_zeros, mse_zeros)).to(torch.float32)
+    column_groups = order // g  # the static group of each visited column
+    codes = solve.static(torch.cat((w, w))[:, order], scales, zeros, column_groups)
+    codes = codes[:, torch.argsort(order)]  # [2N, K], original column order
+    quantized = _dequantize(codes, scales, zeros, g)
+    delta = quantized - torch.cat((w, w))
+    loss = ((delta @ h) * delta).sum(1)  # [2N]
+    better = loss[n:] < loss[:n]
+    pick = torch.where(better, torch.arange(n) + n, torch.arange(n))
+    zeros = None if zeros is None else zeros[pick]
+    return _pack(codes[pick], scales[pick], zeros, symmetric) + (None,)
+
+
+def _dequantize(codes, scales, zeros, g) -> torch.Tensor:
+    s = scales.repeat_interleave(g, dim=1)
+    return codes * s if zeros is None else (codes - zeros.repeat_interleave(g, dim=1)) * s
+
+
+def _pack(codes, scales, zeros, symmetric):
     codes = codes.to(torch.int8 if symmetric else torch.uint8)
-    zero_points = None if zeros is None else zeros.to(torch.uint8)
-    return codes, scales, zero_points, g_idx
+    return codes, scales, None if zeros is None else zeros.to(torch.uint8)
+
+
+class _Solve:
+    """GPTQ's column loop over a weight whose columns are already in visiting order."""
+
+    def __init__(self, hinv, bits: int, g: int, symmetric: bool, block_size: int) -> None:
+        self.hinv, self.bits, self.g = hinv, bits, g
+        self.symmetric, self.block_size = symmetric, block_size
+
+    def static(self, w, scales, zeros, column_groups) -> torch.Tensor:
+        """Codes [N, K] (visiting order) with fixed parameters: column j uses group
+        ``column_groups[j]`` of ``scales`` / ``zeros`` [N, G]."""
+
+        def params(col, _current):
+            group = int(column_groups[col])
+            return scales[:, group], None if zeros is None else zeros[:, group]
+
+        return self._run(w, params)
+
+    def dynamic(self, w):
+        """Codes, scales, zeros with each group's parameters taken from the error-updated
+        weights when its first column (in visiting order) is reached."""
+        n, k = w.shape
+        scales = torch.empty(n, k // self.g)
+        zeros = None if self.symmetric else torch.empty(n, k // self.g)
+
+        def params(col, current):
+            group = col // self.g
+            if col % self.g == 0:
+                _, s, z = quantize_weight(current()[:, : self.g], self.bits, -1, self.symmetric)
+                scales[:, group] = s[:, 0]
+                if zeros is not None:
+                    zeros[:, group] = z[:, 0].to(torch.float32)
+            return scales[:, group], None if zeros is None else zeros[:, group]
+
+        codes = self._run(w, params)
+        return codes, scales, zeros
+
+    def _run(self, w, params) -> torch.Tensor:
+        n, k = w.shape
+        hinv, bits, block_size = self.hinv, self.bits, self.block_size
+        # Columns of W are rows here ([K, N]): every per-column step reads and writes
+        # contiguously.
+        wt = w.T.contiguous()
+        codes = torch.empty(k, n)
+        for i1 in range(0, k, block_size):
+            i2 = min(i1 + block_size, k)
+            w1 = wt[i1:i2].clone()  # [B, N]
+            err1 = torch.zeros_like(w1)
+            hinv1 = hinv[i1:i2, i1:i2]
+            for j in range(i2 - i1):
+                # The current (error-updated) columns from here on: this block's, then later.
+                s, z = params(i1 + j, lambda j=j, w1=w1, i2=i2: torch.cat((w1[j:], wt[i2:])).T)
+                q = round_to_codes(w1[j], s, z, bits)
+                codes[i1 + j] = q
+                deq = q * s if z is None else (q - z) * s
+                err = (w1[j] - deq) / hinv1[j, j]
+                w1[j:].addr_(hinv1[j, j:], err, alpha=-1)  # the rest of the block absorbs it
+                err1[j] = err
+            wt[i2:].addmm_(hinv[i1:i2, i2:].T, err1, alpha=-1)  # lazy update of later blocks
+        return codes.T
 
 
 def quantize_linear_gptq(

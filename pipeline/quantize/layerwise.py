@@ -1,13 +1,14 @@
 """Calibrated quantization (GPTQ, AWQ) of one Llama-family decoder layer.
 
-Inside a layer the linears are quantized true-sequentially, in the order their inputs are
-computed: q,k,v -> o -> gate,up -> down; each group is fitted to the inputs that the already
-quantized groups before it produce. The layer is computed in steps along that order, keeping
-what later steps reuse (the attention output before o_proj, then the residual stream after
-attention), so the attention runs once per layer, not once per group. The outputs are
-bit-identical to a plain forward of the finished layer (the same operations on the same chunks),
-which is what a resumed run replays. RTN entries of the same recipe are applied first.
-The drivers in `calibrated.py` run this layer by layer.
+The linears are quantized group by group in the order their inputs are computed:
+q,k,v -> o -> gate,up -> down. By default every group's input is observed in one pass over the
+layer as loaded (as llm-compressor and AutoAWQ do). With ``true_sequential`` (a GPTQ option)
+each group is instead fitted to the inputs the already quantized groups before it produce;
+the layer is then computed in steps along that order, keeping what later steps reuse (the
+attention output before o_proj, the residual stream after attention), so the attention still
+runs once. Either way the layer's outputs are bit-identical to a plain forward of the finished
+layer (the same operations on the same chunks), which is what a resumed run replays. RTN
+entries of the same recipe are applied first. `calibrated.py` runs this layer by layer.
 """
 
 from __future__ import annotations
@@ -150,14 +151,52 @@ def quantize_layer(
     new_store: Callable[[str, tuple[int, ...]], ActivationStore],
 ) -> ActivationStore:
     """Quantize the linears of ``plan`` in place on the layer's inputs ``x`` [N, T, hidden];
-    returns the quantized layer's outputs (a store from ``new_store(name, shape)``)."""
-    n, t = x.shape[0], x.shape[1]
+    returns the quantized layer's outputs (a store from ``new_store(name, shape)``).
+
+    True-sequentially when a GPTQ entry of the plan asks for it; otherwise every group is
+    observed on the layer as loaded, in one pass, as llm-compressor and AutoAWQ do."""
     with torch.no_grad():
         for name, spec in plan.items():
             if spec["method"] == "rtn":
                 linear = layer.get_submodule(name)
                 _replace(layer, name, quantize_linear_rtn(linear, *_quantizer(spec)))
-    step = _Steps(layer, plan, forward, cfg, n, t)
+    step = _Steps(layer, plan, forward, cfg, x.shape[0], x.shape[1])
+    if any(spec.get("true_sequential") for spec in plan.values()):
+        return _true_sequential(step, x, new_store)
+    return _observe_once(step, x, new_store)
+
+
+def _observe_once(step: _Steps, x: ActivationStore, new_store) -> ActivationStore:
+    layer, forward = step.layer, step.forward
+    observed = {group: step.observers(group) for group in LAYER_GROUPS}
+    qkv, o, gate_up, down = (observed[g] for g in LAYER_GROUPS)
+
+    def observe(a: int, b: int) -> None:
+        xs = x.read(a, b)
+        normed = layer.attn_norm(xs)
+        step.feed(qkv, normed)
+        attn = input_of(layer.attn.o_proj, lambda: layer.attn(normed, *forward.rope_and_mask))
+        step.feed(o, attn)
+        h = layer.mlp_norm(xs + layer.attn.o_proj(attn))
+        step.feed(gate_up, h)
+        if down is not None:
+            step.feed(down, input_of(layer.mlp.down_proj, lambda: layer.mlp(h)))
+
+    if any(observers is not None for observers in observed.values()):
+        step.fill(None, observe)
+    for group in LAYER_GROUPS:
+        step.finish(group, observed[group])
+    out = new_store("out", x.shape)
+    step.fill(out, lambda a, b: forward(layer, x.read(a, b)))
+    return out
+
+
+def _true_sequential(step: _Steps, x: ActivationStore, new_store) -> ActivationStore:
+    # Each group observed on what the quantized groups before it produce. The layer is computed
+    # in steps along that order, keeping what later steps reuse (the attention output before
+    # o_proj, the residual stream after attention), so the attention runs once, not per group.
+    layer, forward, cfg = step.layer, step.forward, step.cfg
+    n, t = x.shape[0], x.shape[1]
     qkv, o, gate_up, down = LAYER_GROUPS
 
     step.quantize(qkv, lambda a, b: layer.attn_norm(x.read(a, b)))
@@ -184,12 +223,28 @@ def quantize_layer(
     out = new_store("out", (n, t, cfg.hidden_size))
 
     def output(a: int, b: int) -> torch.Tensor:
+        # The same operations as DecoderLayer.forward, so a resumed run's replay matches.
         h = resid.read(a, b)
         return h + layer.mlp(layer.mlp_norm(h))
 
     step.fill(out, output)
     resid.close()
     return out
+
+
+@dataclass(slots=True)
+class _Observed:
+    """The statistics being gathered for one group's shared input."""
+
+    width: int
+    hessian: HessianObserver | None
+    channels: ChannelObserver | None
+
+    def __call__(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, self.width).to(torch.float32)  # [tokens, K]
+        for observer in (self.hessian, self.channels):
+            if observer is not None:
+                observer(x)
 
 
 @dataclass(slots=True)
@@ -207,44 +262,59 @@ class _Steps:
         b = self.forward.batch
         return [(a, min(a + b, self.samples)) for a in range(0, self.samples, b)]
 
-    def fill(self, store: ActivationStore, compute: Chunks) -> None:
+    def fill(self, store: ActivationStore | None, compute: Chunks) -> None:
+        """store[a:b] = compute(a, b) over every chunk (None: run it for its side effects)."""
         with _dequantized(self.layer):
             for a, b in self.chunks():
-                store.write(a, compute(a, b))
+                result = compute(a, b)
+                if store is not None:
+                    store.write(a, result)
 
-    def quantize(self, group: tuple[str, ...], inputs: Chunks) -> bool:
-        """Observe the group's input over every chunk, then quantize its calibrated linears.
-        True when an AWQ scale was folded into the module before the group."""
-        plan, layer = self.plan, self.layer
-        chosen = [n for n in group if n in plan and plan[n]["method"] in CALIBRATED_METHODS]
+    def _chosen(self, group: tuple[str, ...]) -> list[str]:
+        plan = self.plan
+        return [n for n in group if n in plan and plan[n]["method"] in CALIBRATED_METHODS]
+
+    def observers(self, group: tuple[str, ...]) -> _Observed | None:
+        """What the group's calibrated linears need observed; None if nothing."""
+        chosen = self._chosen(group)
         if not chosen:
-            return False
-        methods = {plan[n]["method"] for n in chosen}
-        width = layer.get_submodule(group[0]).in_features  # the group shares one input
-        observers: list[Callable[[torch.Tensor], None]] = []
-        hessian = channels = None
-        if "gptq" in methods:
-            observers.append(hessian := HessianObserver(width))
+            return None
+        methods = {self.plan[n]["method"] for n in chosen}
+        width = self.layer.get_submodule(group[0]).in_features  # the group shares one input
+        hessian = HessianObserver(width) if "gptq" in methods else None
+        channels = None
         if "awq" in methods:
             channels = ChannelObserver(width, self.samples, self.seq_len, AWQ_SAMPLE_TOKENS)
-            observers.append(channels)
-        with _dequantized(layer):
-            for a, b in self.chunks():
-                x = inputs(a, b).reshape(-1, width).to(torch.float32)  # [tokens, K]
-                for observe in observers:
-                    observe(x)
+        return _Observed(width, hessian, channels)
 
+    @staticmethod
+    def feed(observed: _Observed | None, x: torch.Tensor) -> None:
+        if observed is not None:
+            observed(x)
+
+    def quantize(self, group: tuple[str, ...], inputs: Chunks) -> bool:
+        """Observe the group's input over every chunk, then quantize it (see `finish`)."""
+        observed = self.observers(group)
+        if observed is not None:
+            self.fill(None, lambda a, b: observed(inputs(a, b)))
+        return self.finish(group, observed)
+
+    def finish(self, group: tuple[str, ...], observed: _Observed | None) -> bool:
+        """Quantize the group's calibrated linears from what was observed. True when an AWQ
+        scale was folded into the module before the group."""
+        if observed is None:
+            return False
         x, scale = None, None
-        with torch.no_grad(), solver_threads(width):
-            if channels is not None:
-                x = channels.sample()  # [S * T, K]
-                scale = self._awq_scale(group, channels, x)
+        with torch.no_grad(), solver_threads(observed.width):
+            if observed.channels is not None:
+                x = observed.channels.sample()  # [S * T, K]
+                scale = self._awq_scale(group, observed.channels, x)
                 if scale is not None:
                     x = x / scale  # what the scaled linears now receive
-            h = None if hessian is None else hessian.hessian()
-            for name in chosen:
-                quantized = _quantize_one(layer.get_submodule(name), name, plan[name], h, x)
-                _replace(layer, name, quantized)
+            h = None if observed.hessian is None else observed.hessian.hessian()
+            for name in self._chosen(group):
+                linear = self.layer.get_submodule(name)
+                _replace(self.layer, name, _quantize_one(linear, name, self.plan[name], h, x))
         return scale is not None
 
     def _awq_scale(

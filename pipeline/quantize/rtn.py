@@ -61,3 +61,30 @@ def quantize_linear_rtn(
     g = linear.in_features if group_size == -1 else group_size
     bias = None if linear.bias is None else linear.bias.data.clone()
     return QuantizedLinear(codes, scales, zeros, bits=bits, group_size=g, bias=bias)
+
+
+def mse_scales(
+    w: torch.Tensor, bits: int, group_size: int, symmetric: bool, *, norm: float = 2.4
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scales (and zero points) [N, G] whose rounding error sum |w - q(w)|^norm is smallest
+    per group, over the ranges shrunk by 0, 1, ..., 79 % (GPTQ's `mse` grid)."""
+    n, k = w.shape
+    g = k if group_size == -1 else group_size
+    groups = w.float().reshape(n, k // g, g)
+    best_err = best_scales = best_zeros = None
+    for step in range(80):
+        shrink = 1 - step / 100
+        _, scales, zeros = quantize_weight(w * shrink, bits, group_size, symmetric)
+        z = None if zeros is None else zeros.float()[..., None]
+        codes = round_to_codes(groups, scales[..., None], z, bits)
+        deq = codes * scales[..., None] if z is None else (codes - z) * scales[..., None]
+        err = (deq - groups).abs().pow(norm).sum(-1)  # [N, G]
+        if best_err is None:
+            best_err, best_scales, best_zeros = err, scales, zeros
+            continue
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_scales = torch.where(better, scales, best_scales)
+        if zeros is not None:
+            best_zeros = torch.where(better, zeros, best_zeros)
+    return best_scales, best_zeros

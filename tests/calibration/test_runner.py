@@ -22,7 +22,8 @@ from ingot.pipeline.quantize.checkpoint import load_ir
 
 from fixtures import make_checkpoint, write_recipe
 
-# GPTQ on attention, AWQ on the MLP, RTN on the (tied) lm_head: every path of the runner.
+# GPTQ (true-sequential) on attention, AWQ on the MLP, RTN on the (tied) lm_head: every path
+# of the runner. The build test below uses GPTQ's default order (every group observed at once).
 SPECS = [
     {
         "method": "gptq",
@@ -35,6 +36,7 @@ SPECS = [
         "static_groups": True,
         "dampening_frac": 0.01,
         "block_size": 128,
+        "true_sequential": True,
     },
     {
         "method": "awq",
@@ -148,14 +150,14 @@ def test_only_one_layer_is_alive_at_a_time(tmp_path, checkpoint, calibration, mo
     out = tmp_path / "out"
     out.mkdir()
     calibrated.quantize_checkpoint(checkpoint, SPECS[:1], calibration, out, tmp_path / "work")
-    assert len(alive) == 3 and most["layers"] == 1 and most["stores"] == 3
+    assert len(alive) == 3 and most["layers"] == 1 and most["stores"] <= 3
     assert not open_stores
 
 
 def _calibrated_recipe(tmp_path, checkpoint):
     text = "\n".join(f"def f{i}(a, b):\n    return a + b * {i}\n" for i in range(400))
     (tmp_path / "calib.txt").write_text(text)
-    specs = [{**SPECS[0], "targets": ["re:layers\\..*"]}]  # GPTQ on every decoder layer
+    specs = [{**SPECS[0], "targets": ["re:layers\\..*"], "true_sequential": False}]
     return write_recipe(
         tmp_path / "r.yaml",
         checkpoint,
