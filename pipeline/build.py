@@ -17,7 +17,7 @@ from .evaluate.windows import EvalWindows, eval_windows
 from .interop import write_interop
 from .model.config import ModelConfig
 from .recipe import Recipe, RecipeError, load_recipe
-from .recipe_checks import check_recipe_against_model
+from .recipe.checks import check_recipe_against_model
 from .source import ResolvedSource, resolve_source
 from .stages.calibrate import prepare_calibration
 from .stages.engine import engine_name, run_engine

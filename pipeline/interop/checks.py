@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..recipe_checks import linear_module_names, module_selected
-from ..recipe_errors import format_problem
+from ..recipe.checks import linear_module_names, module_selected
+from ..recipe.errors import format_problem
 
 __all__ = ["interop_problems"]
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..model.llama import LlamaModel
-from ..recipe_checks import module_selected
+from ..recipe.checks import module_selected
 from .calibrated import quantize_model_calibrated
 from .layerwise import needs_calibration
 from .rtn import quantize_linear_rtn

@@ -27,7 +27,7 @@ from ingot.calibration.runner import LayerCheckpoints, run_layers
 from ..model.llama import LlamaModel
 from ..model.load import CheckpointReader
 from ..model.qlinear import QuantizedLinear
-from ..recipe_checks import module_selected
+from ..recipe.checks import module_selected
 from .checkpoint import (
     layer_tensor_sources,
     load_layer,

@@ -30,7 +30,7 @@ from ..model.llama import causal_mask
 from ..model.qlinear import QuantizedLinear
 from ..model.rope import cos_sin
 from ..recipe import CALIBRATED_METHODS
-from ..recipe_checks import module_selected
+from ..recipe.checks import module_selected
 from .awq import apply_scales, quantize_linear_awq, scaling_groups, search_scales
 from .gptq import quantize_linear_gptq
 from .rtn import quantize_linear_rtn

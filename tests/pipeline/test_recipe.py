@@ -18,7 +18,7 @@ from ingot.pipeline.recipe import (
     RecipeError,
     load_recipe,
 )
-from ingot.pipeline.recipe_checks import (
+from ingot.pipeline.recipe.checks import (
     check_recipe_against_model,
     linear_module_names,
     module_selected,

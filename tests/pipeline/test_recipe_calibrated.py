@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from ingot.pipeline.recipe import AwqQuantize, GptqQuantize, RecipeError, load_recipe
-from ingot.pipeline.recipe_checks import check_recipe_against_model
+from ingot.pipeline.recipe.checks import check_recipe_against_model
 
 CALIBRATION = "calibration: {dataset: calib.txt, samples: 16, seq_len: 64}\n"
 MODEL_CONFIG = {

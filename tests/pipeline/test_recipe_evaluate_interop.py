@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ingot.pipeline.recipe import Recipe, RecipeError, load_recipe
-from ingot.pipeline.recipe_checks import check_recipe_against_model
+from ingot.pipeline.recipe.checks import check_recipe_against_model
 
 MODEL_CONFIG = {
     "hidden_size": 64,

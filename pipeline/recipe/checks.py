@@ -11,8 +11,9 @@ import functools
 import re
 from typing import Any, get_args
 
-from .recipe import CALIBRATED_METHODS, Recipe, RtnQuantize
-from .recipe_errors import RecipeError, format_problem
+from .errors import RecipeError, format_problem
+from .quantize import CALIBRATED_METHODS, RtnQuantize
+from .recipe import Recipe
 
 __all__ = ["check_recipe_against_model", "linear_module_names", "module_selected"]
 
@@ -88,7 +89,7 @@ def check_recipe_against_model(
         for module in chosen:
             selected_by.setdefault(module, []).append(index)
     problems += _check_overlaps(selected_by)
-    from .interop.checks import interop_problems  # here: interop.checks imports this module
+    from ..interop.checks import interop_problems  # here: interop.checks imports this module
 
     problems += interop_problems(recipe, model_config)
 

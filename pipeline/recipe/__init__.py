@@ -1,0 +1,55 @@
+"""The recipe: one declarative YAML file that says how to build an artifact.
+
+A recipe has one section per concern, each in its own module here: `source` (source.py),
+`calibration` (calibration.py), `quantize` (quantize.py), `kv_cache` and `export` (export.py),
+`targets` (targets.py), `evaluate` (evaluate.py), `interop` (interop.py) and `artifact`
+(artifact.py). recipe.py puts them together into the Recipe, load.py reads a recipe file and
+errors.py turns validation errors into one line per problem. Every model forbids unknown keys
+and is strict (base.py). Checks that need the source model's config.json live in checks.py.
+"""
+
+from __future__ import annotations
+
+from .artifact import Artifact, ArtifactSign
+from .calibration import Calibration
+from .checks import check_recipe_against_model, linear_module_names, module_selected
+from .errors import RecipeError, format_problem, format_validation_error
+from .evaluate import Evaluate, Perplexity
+from .export import Export, KvCache
+from .interop import InteropFormat
+from .load import load_recipe
+from .quantize import CALIBRATED_METHODS, AwqQuantize, GptqQuantize, Quantize, RtnQuantize
+from .recipe import STAGES, Recipe, recipe_json_schema
+from .source import HubSource, LocalSource, Source
+from .targets import OnnxRuntimeTarget, Target
+
+__all__ = [
+    "Artifact",
+    "ArtifactSign",
+    "AwqQuantize",
+    "CALIBRATED_METHODS",
+    "Calibration",
+    "Evaluate",
+    "Export",
+    "GptqQuantize",
+    "HubSource",
+    "InteropFormat",
+    "KvCache",
+    "LocalSource",
+    "OnnxRuntimeTarget",
+    "Perplexity",
+    "Recipe",
+    "RecipeError",
+    "Quantize",
+    "RtnQuantize",
+    "STAGES",
+    "Source",
+    "Target",
+    "check_recipe_against_model",
+    "format_problem",
+    "format_validation_error",
+    "linear_module_names",
+    "load_recipe",
+    "module_selected",
+    "recipe_json_schema",
+]

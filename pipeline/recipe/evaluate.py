@@ -1,0 +1,47 @@
+"""The `evaluate` section: quality checks of the quantized model (perplexity, with a gate)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import _Strict
+
+__all__ = ["Evaluate", "Perplexity"]
+
+
+class Perplexity(_Strict):
+    """Perplexity of the original and the quantized model on the same fixed token windows."""
+
+    dataset: str = Field(
+        min_length=1,
+        description="Local .txt / .jsonl / .parquet / .arrow file (relative to the recipe file) "
+        "or a Hub dataset id. Documents are joined with blank lines and tokenized with the "
+        "checkpoint's tokenizer.json (no special tokens).",
+    )
+    split: str = Field(default="train", min_length=1, description="Split of a Hub dataset.")
+    text_field: str = Field(
+        default="text", min_length=1, description="Column (or JSON key) holding the text."
+    )
+    seq_len: int = Field(
+        default=256,
+        ge=16,
+        description="Tokens per window. Windows are consecutive and non-overlapping; each is "
+        "scored on its seq_len - 1 next-token predictions.",
+    )
+    max_windows: int | None = Field(
+        default=None, gt=0, description="Evaluate only the first N windows (None: all)."
+    )
+    max_delta: float | None = Field(
+        default=None,
+        ge=0,
+        description="Gate: fail the build (before packaging) when quantized minus original "
+        "perplexity exceeds this. None: report only.",
+    )
+
+
+class Evaluate(_Strict):
+    """Quality checks of the quantized model, reported in the artifact's eval/."""
+
+    perplexity: Perplexity | None = Field(
+        default=None, description="Perplexity before and after quantization."
+    )

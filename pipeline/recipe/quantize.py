@@ -1,0 +1,145 @@
+"""The `quantize` section: a list of passes (rtn, gptq, awq), each selecting modules by pattern."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from .base import _Strict
+
+__all__ = [
+    "CALIBRATED_METHODS",
+    "AwqQuantize",
+    "GptqQuantize",
+    "Quantize",
+    "RtnQuantize",
+]
+
+
+def _check_module_pattern(pattern: str) -> str:
+    if pattern.startswith("re:"):
+        try:
+            re.compile(pattern[3:])
+        except re.error as exc:
+            raise PydanticCustomError(
+                "bad_regex", "invalid regular expression: {reason}", {"reason": str(exc)}
+            ) from None
+    return pattern
+
+
+ModulePattern = Annotated[
+    str,
+    Field(min_length=1),
+    AfterValidator(_check_module_pattern),
+]
+
+
+class RtnQuantize(_Strict):
+    """Round-to-nearest weight quantization: no calibration data, the fast baseline."""
+
+    method: Literal["rtn"] = Field(description="Quantization algorithm.")
+    bits: Literal[4, 8] = Field(description="Bits per weight.")
+    group_size: Literal[32, 64, 128, -1] = Field(
+        description="Input channels sharing one scale; -1 = one scale per output channel.",
+    )
+    symmetric: bool = Field(
+        default=True, description="Symmetric (zero point 0) or asymmetric (with zero points)."
+    )
+    targets: list[ModulePattern] = Field(
+        default=["re:.*"],
+        min_length=1,
+        description="Modules to quantize: IR module names (`layers.0.attn.q_proj`, `lm_head`) "
+        "or regular expressions prefixed `re:` that must match the whole name.",
+    )
+    ignore: list[ModulePattern] = Field(
+        default=["lm_head"],
+        description="Modules to leave unquantized, even if `targets` selects them "
+        "(same syntax as `targets`).",
+    )
+
+
+class GptqQuantize(_Strict):
+    """GPTQ: rounds column by column, each column's error absorbed by the columns not yet
+    quantized (weighted by the inverse Hessian of the calibration inputs). Needs `calibration`."""
+
+    method: Literal["gptq"] = Field(description="Quantization algorithm.")
+    bits: Literal[4, 8] = Field(description="Bits per weight.")
+    group_size: Literal[32, 64, 128, -1] = Field(
+        description="Input channels sharing one scale; -1 = one scale per output channel.",
+    )
+    symmetric: bool = Field(
+        default=True, description="Symmetric (zero point 0) or asymmetric (with zero points)."
+    )
+    targets: list[ModulePattern] = Field(
+        default=["re:.*"], min_length=1, description=RtnQuantize.model_fields["targets"].description
+    )
+    ignore: list[ModulePattern] = Field(
+        default=["lm_head"], description=RtnQuantize.model_fields["ignore"].description
+    )
+    actorder: bool = Field(
+        default=True,
+        description="Visit input channels in order of decreasing activation energy (diag of "
+        "the Hessian). Needs static_groups (except per channel) so groups stay contiguous and "
+        "the export needs no permutation.",
+    )
+    static_groups: bool = Field(
+        default=True,
+        description="Compute each group's scale and zero point from the original weights up "
+        "front (contiguous channels) rather than when GPTQ reaches the group.",
+    )
+    dampening_frac: float = Field(
+        default=0.01,
+        gt=0,
+        lt=1,
+        description="Added to the Hessian's diagonal, as a fraction of its mean.",
+    )
+    block_size: int = Field(
+        default=128, ge=1, le=4096, description="Columns per lazy batch update."
+    )
+    true_sequential: bool = Field(
+        default=False,
+        description="Fit each group of a layer (q,k,v -> o -> gate,up -> down) to the inputs "
+        "the already quantized groups before it produce, instead of observing every group "
+        "on the layer as loaded.",
+    )
+
+    @field_validator("static_groups")
+    @classmethod
+    def _static_groups_with_actorder(cls, value: bool, info: ValidationInfo) -> bool:
+        if not value and info.data.get("actorder") and info.data.get("group_size") != -1:
+            raise PydanticCustomError(
+                "actorder_dynamic_groups",
+                "actorder with dynamic groups scatters each group over the input channels "
+                "(a g_idx) that the ONNX export cannot represent; keep static_groups: true "
+                "(act order without the run-time cost) or set actorder: false",
+            )
+        return value
+
+
+class AwqQuantize(_Strict):
+    """AWQ: per-channel scales from activation magnitudes, folded into the preceding norm or
+    linear, plus a clipping search; W4 weight-only. Needs `calibration`."""
+
+    method: Literal["awq"] = Field(description="Quantization algorithm.")
+    bits: Literal[4] = Field(description="Bits per weight.")
+    group_size: Literal[32, 64, 128, -1] = Field(
+        description="Input channels sharing one scale; -1 = one scale per output channel.",
+    )
+    symmetric: bool = Field(
+        default=False,
+        description="Symmetric (zero point 0) or asymmetric (with zero points, AWQ's usual).",
+    )
+    targets: list[ModulePattern] = Field(
+        default=["re:.*"], min_length=1, description=RtnQuantize.model_fields["targets"].description
+    )
+    ignore: list[ModulePattern] = Field(
+        default=["lm_head"], description=RtnQuantize.model_fields["ignore"].description
+    )
+
+
+# Discriminated by `method`: an unknown method fails with the list of known ones.
+Quantize = Annotated[RtnQuantize | GptqQuantize | AwqQuantize, Field(discriminator="method")]
+CALIBRATED_METHODS = ("gptq", "awq")

@@ -1,0 +1,90 @@
+"""The top-level Recipe (all sections together), which sections each build stage reads, and
+the recipe's JSON Schema.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from .artifact import Artifact
+from .base import JSON_SCHEMA_DIALECT, _Strict
+from .calibration import Calibration
+from .evaluate import Evaluate
+from .export import Export, KvCache
+from .interop import InteropFormat, _check_unique_formats
+from .quantize import CALIBRATED_METHODS, Quantize
+from .source import Source
+from .targets import OnnxRuntimeTarget, Target, _check_unique_targets
+
+__all__ = ["STAGES", "Recipe", "recipe_json_schema"]
+
+
+class Recipe(_Strict):
+    """An ingot recipe: source checkpoint -> quantized, exported, engine-built artifact."""
+
+    source: Source = Field(description="Where the checkpoint comes from.")
+    calibration: Calibration | None = Field(
+        default=None, description="Calibration data (needed by activation-aware methods)."
+    )
+    quantize: list[Quantize] = Field(
+        default=[], description="Quantization passes; each module is quantized by at most one."
+    )
+    kv_cache: KvCache = Field(default=KvCache(), description="Paged KV cache layout.")
+    export: Export = Field(default=Export(), description="ONNX export settings.")
+    targets: Annotated[list[Target], AfterValidator(_check_unique_targets)] = Field(
+        default=[OnnxRuntimeTarget(engine="onnxruntime")],
+        min_length=1,
+        description="Engines to build; the runtime picks the first one the host can run.",
+    )
+    evaluate: Evaluate | None = Field(
+        default=None, description="Evaluation of the quantized model (report and gate)."
+    )
+    interop: Annotated[list[InteropFormat], AfterValidator(_check_unique_formats)] = Field(
+        default=[],
+        description="Extra checkpoints written to the artifact's interop/<format>/ for other "
+        "engines: GPTQ v1 (gptq), AWQ GEMM (awq), compressed-tensors pack-quantized.",
+    )
+    artifact: Artifact = Field(description="Name and version of the result.")
+
+    @model_validator(mode="after")
+    def _calibration_for_calibrated_methods(self) -> Recipe:
+        needing = [
+            f"quantize.{i} (method {q.method})"
+            for i, q in enumerate(self.quantize)
+            if q.method in CALIBRATED_METHODS
+        ]
+        if needing and self.calibration is None:
+            raise PydanticCustomError(
+                "calibration_missing",
+                "calibration: required field missing: {needing} needs calibration data "
+                "(add a `calibration:` section with dataset, samples, seq_len)",
+                {"needing": ", ".join(needing)},
+            )
+        return self
+
+    def stage_slice(self, stage: str) -> dict[str, Any]:
+        """The JSON-able part of the recipe that build stage `stage` depends on (its cache key)."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r} (allowed: {', '.join(STAGES)})")
+        return self.model_dump(mode="json", include=set(STAGES[stage]))
+
+
+# Which recipe sections each build stage reads; a change elsewhere does not invalidate it.
+STAGES: dict[str, tuple[str, ...]] = {
+    "source": ("source",),
+    "calibrate": ("calibration",),
+    "quantize": ("quantize",),
+    "export": ("export", "kv_cache"),
+    "engine": ("targets",),
+    "interop": ("interop",),
+    "evaluate": ("evaluate",),
+    "package": ("artifact",),
+}
+
+
+def recipe_json_schema() -> dict[str, Any]:
+    """JSON Schema of the recipe, for editors; checked in as recipes/recipe.schema.json."""
+    return {"$schema": JSON_SCHEMA_DIALECT, **Recipe.model_json_schema()}

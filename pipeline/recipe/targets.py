@@ -1,0 +1,58 @@
+"""The `targets` section: the engines the artifact is built for, one per engine and device."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+from pydantic_core import PydanticCustomError
+
+from .base import _Strict
+
+__all__ = ["OnnxRuntimeTarget", "Target"]
+
+
+class OnnxRuntimeTarget(_Strict):
+    """ONNX Runtime; the graph is optimized at build time and loaded as is by the runtime."""
+
+    engine: Literal["onnxruntime"] = Field(description="Inference engine.")
+    device: Literal["cpu"] = Field(default="cpu", description="Execution provider's device.")
+    optimization_level: Literal["basic", "extended", "all"] = Field(
+        default="extended",
+        description=(
+            "ORT graph optimization level applied at build time. 'extended' fuses attention, "
+            "norms and int4/int8 DequantizeLinear+MatMul into MatMulNBits and stays portable; "
+            "'all' adds layout transforms tied to the build host's CPU ISA, which the manifest "
+            "then requires of every host."
+        ),
+    )
+    intra_op_num_threads: int = Field(
+        default=0, ge=0, description="Threads per operator; 0 lets ONNX Runtime choose."
+    )
+    matmul_accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
+        default=0,
+        description=(
+            "Compute type of ORT's fused MatMulNBits: 0 keeps fp32 activations (the exported "
+            "graph's numbers, checked against the IR); 4 quantizes activations to int8 inside "
+            "the kernel: faster (much faster for int8 weights on CPU), but no longer the "
+            "graph's exact numbers."
+        ),
+    )
+
+
+Target = Annotated[OnnxRuntimeTarget, Field(discriminator="engine")]
+
+
+def _check_unique_targets(targets: list[OnnxRuntimeTarget]) -> list[OnnxRuntimeTarget]:
+    # Each target gets its own engines/<engine>-<device>/ directory in the artifact.
+    seen: dict[tuple[str, str], int] = {}
+    for index, target in enumerate(targets):
+        key = (target.engine, target.device)
+        if key in seen:
+            raise PydanticCustomError(
+                "duplicate_target",
+                "targets {first} and {second} are both {engine} on {device}",
+                {"first": seen[key], "second": index, "engine": key[0], "device": key[1]},
+            )
+        seen[key] = index
+    return targets
