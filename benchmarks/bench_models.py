@@ -12,10 +12,18 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["BenchModel", "MODELS", "PROMPT_LEN", "bench_cache_dir", "prepare_model"]
+__all__ = [
+    "BenchModel",
+    "MODELS",
+    "PROMPT_LEN",
+    "bench_cache_dir",
+    "build_random_llama",
+    "prepare_model",
+]
 
 PROMPT_LEN = 32
 PYDOC_DIR = Path("/work/shared/models/pydoc-16m")
@@ -70,7 +78,7 @@ def prepare_model(name: str) -> BenchModel:
     if name == "llama-1b-shape":
         path = bench_cache_dir() / "llama-1b-shape"
         if not (path / ".complete").exists():
-            _build_llama_1b_shape(path)
+            build_random_llama(path, LLAMA_1B_SHAPE, "bfloat16")
         return BenchModel(name, path, _random_prompt(LLAMA_1B_SHAPE))
     raise ValueError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
 
@@ -95,26 +103,30 @@ def _random_prompt(config: dict) -> tuple[int, ...]:
     return (config["bos_token_id"], *(int(t) for t in body))
 
 
-def _build_llama_1b_shape(path: Path) -> None:
+def build_random_llama(path: Path, config: dict[str, Any], dtype: str) -> None:
+    """A random-weight (seed 0) Llama checkpoint of `config` in `dtype` at `path`, with a
+    word-level tokenizer, marked `.complete`. Built beside `path` and moved in place, so an
+    interrupted build never looks finished."""
     import torch
     import transformers
 
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(**LLAMA_1B_SHAPE)
-    model = transformers.LlamaForCausalLM(config)  # std-0.02 normal init (initializer_range)
-    model = model.to(torch.bfloat16).eval()
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+    # std-0.02 normal init (initializer_range): the weights' values do not matter for timing.
+    model = model.to(getattr(torch, dtype)).eval()
     model.save_pretrained(tmp, safe_serialization=True)
     del model
-    _write_wordlevel_tokenizer(tmp, LLAMA_1B_SHAPE)
+    _write_wordlevel_tokenizer(tmp, config)
     (tmp / ".complete").write_text("")
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
 
 
 def _write_wordlevel_tokenizer(path: Path, config: dict) -> None:
-    """tokenizer.json with one word per id: t0 .. t127999, then Llama 3's special tokens."""
+    """tokenizer.json with one word per id below BOS (t0, t1, ...), then Llama 3's special
+    tokens from BOS up to the vocabulary's end."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     bos, eos, vocab_size = config["bos_token_id"], config["eos_token_id"], config["vocab_size"]

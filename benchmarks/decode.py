@@ -15,9 +15,7 @@ read into a bandwidth-bound tokens/s. Writes benchmarks/results/decode.json and 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +42,7 @@ from ort_artifacts import (  # noqa: E402
     what_if_engine_spec,
 )
 from traffic import FLOAT32, decode_bytes_per_token, mean_decode_context  # noqa: E402
+from worker import WorkerFailed, run_worker  # noqa: E402
 
 THREADS = 2
 RUNS = 3
@@ -158,19 +157,11 @@ def _decode(model: BenchModel, engine: str, load: dict, tokens: int, tmp: Path) 
 
 def _run_worker(spec: dict, tmp: Path, timeout_s: float) -> dict:
     """Run one spec in a fresh process; a crash or timeout becomes an error record."""
-    spec_file, result_file = tmp / "spec.json", tmp / "result.json"
-    spec_file.write_text(json.dumps(spec))
-    result_file.unlink(missing_ok=True)
-    command = [sys.executable, str(HERE / "decode_engines.py"), str(spec_file), str(result_file)]
     started = time.perf_counter()
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:  # subprocess.run kills the worker it started
-        return {"ok": False, "error": f"timed out after {timeout_s} s"}
-    if proc.returncode != 0 or not result_file.exists():
-        stderr = proc.stderr.strip().splitlines()[-8:]
-        return {"ok": False, "error": f"worker exited {proc.returncode}: " + "\n".join(stderr)}
-    result = json.loads(result_file.read_text())
+        result = run_worker(HERE / "decode_engines.py", spec, tmp, timeout_s)
+    except WorkerFailed as e:
+        return {"ok": False, "error": str(e)}
     result["wall_s"] = time.perf_counter() - started
     return result
 

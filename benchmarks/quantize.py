@@ -60,6 +60,7 @@ METHODS = [
     ("ingot RTN (sym)", "ingot", "rtn", True),
     ("ingot RTN (asym)", "ingot", "rtn", False),
     ("ingot GPTQ (sym)", "ingot", "gptq", True),
+    ("ingot GPTQ true-sequential (sym)", "ingot", "gptq-ts", True),
     ("ingot AWQ (asym)", "ingot", "awq", False),
     ("llm-compressor RTN (sym)", "llmc", "rtn", True),
     ("llm-compressor GPTQ (sym)", "llmc", "gptq", True),
@@ -84,16 +85,17 @@ def _spec(method: str, bits: int, group_size: int, symmetric: bool) -> dict[str,
     from ingot.pipeline.recipe import GptqQuantize
 
     spec = {
-        "method": method,
+        "method": method.removesuffix("-ts"),
         "bits": bits,
         "group_size": group_size,
         "symmetric": symmetric,
         "targets": ["re:.*"],
         "ignore": ["lm_head"],
     }
-    if method == "gptq":  # the recipe's defaults (act order with static groups, ...)
+    if spec["method"] == "gptq":  # the recipe's defaults (act order with static groups, ...)
         fields = ("actorder", "static_groups", "dampening_frac", "block_size")
         spec.update({f: GptqQuantize.model_fields[f].default for f in fields})
+        spec["true_sequential"] = method == "gptq-ts"  # the recipe's choice, off by default
     return spec
 
 

@@ -44,6 +44,7 @@ from serve_workload import (  # noqa: E402
     shared_prefix_prompts,
     summarize,
 )
+from worker import WorkerFailed, run_worker  # noqa: E402
 
 MODEL_DIR = Path("/work/shared/models/pydoc-16m")
 THREADS = 2
@@ -185,19 +186,11 @@ def _build_ortgenai(tmp: Path) -> tuple[dict[str, Any], Path | None]:
 
 
 def _worker(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
-    spec_file, result_file = tmp / "spec.json", tmp / "result.json"
-    spec_file.write_text(json.dumps(spec))
-    result_file.unlink(missing_ok=True)
-    command = [sys.executable, str(HERE / "serve_engines.py"), str(spec_file), str(result_file)]
     load_before = os.getloadavg()[0]
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {WORKER_TIMEOUT_S} s"}
-    if proc.returncode != 0 or not result_file.exists():
-        tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
-        return {"ok": False, "error": f"worker exited {proc.returncode}: {tail}"}
-    result = json.loads(result_file.read_text())
+        result = run_worker(HERE / "serve_engines.py", spec, tmp, WORKER_TIMEOUT_S)
+    except WorkerFailed as e:
+        return {"ok": False, "error": str(e)}
     result["loadavg_1min_before"] = load_before
     return result
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -43,8 +44,8 @@ def register(main: click.Group) -> None:
         help="Requests waiting beyond those; more get 503 + Retry-After.",
     )  # fmt: skip
     @click.option(
-        "--kv-cache-memory", default="64MiB", show_default=True, type=ByteSize(),
-        help="KV cache budget, e.g. 256MiB.",
+        "--kv-cache-memory", "kv_cache_bytes", default="64MiB", show_default=True,
+        type=ByteSize(), help="KV cache budget, e.g. 256MiB.",
     )  # fmt: skip
     @click.option(
         "--max-num-batched-tokens", default=2048, show_default=True, type=click.IntRange(min=1),
@@ -69,19 +70,7 @@ def register(main: click.Group) -> None:
         help="PEM public key: refuse an artifact without a valid signature (model.sig) by it.",
     )  # fmt: skip
     def serve(
-        artifact: str,
-        host: str,
-        port: int,
-        max_num_seqs: int,
-        max_queue: int,
-        kv_cache_memory: int,
-        max_num_batched_tokens: int,
-        enable_prefix_caching: bool,
-        served_model_name: str | None,
-        request_timeout: float | None,
-        shutdown_grace: float,
-        log_level: str,
-        verify_key: str | None,
+        artifact: str, served_model_name: str | None, verify_key: str | None, **options: Any
     ) -> None:
         """Serve an artifact over HTTP with OpenAI's API (/v1/completions, /v1/chat/completions,
         /v1/models, /health, /metrics)."""
@@ -99,17 +88,6 @@ def register(main: click.Group) -> None:
         except (ArtifactError, RegistryError, InvalidReference) as e:
             click.secho(f"error: refusing to serve {artifact}: {e}", fg="red", err=True)
             sys.exit(1)
-        options = ServeOptions(
-            host=host,
-            port=port,
-            max_num_seqs=max_num_seqs,
-            max_queue=max_queue,
-            kv_cache_bytes=kv_cache_memory,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching,
-            verify_key=Path(verify_key) if verify_key else None,  # checked again at load
-            request_timeout=request_timeout,
-            shutdown_grace=shutdown_grace,
-            log_level=log_level,
-        )
-        run_server(artifact, name, options)
+        # The other options carry ServeOptions' field names; click has checked their values.
+        verify_key_file = Path(verify_key) if verify_key else None  # checked again at load
+        run_server(artifact, name, ServeOptions(**options, verify_key=verify_key_file))

@@ -24,6 +24,7 @@ from .common import (
     InteropError,
     common_group_size,
     dense_tensors,
+    float_linears,
     has_act_order,
     hf_name,
     pack_along_rows,
@@ -47,7 +48,7 @@ def write_awq(model: LlamaModel, source: Path, out: Path) -> None:
     tensors = dense_tensors(dense)
     for name, q in modules.items():
         tensors.update(_pack_linear(hf_name(name), q))
-    floats = sorted(hf_name(n.rpartition(".")[0]) for n in dense if _is_linear_weight(n))
+    floats = float_linears(dense)
     config = {
         "quant_method": "awq",
         "version": "gemm",
@@ -57,10 +58,6 @@ def write_awq(model: LlamaModel, source: Path, out: Path) -> None:
         "modules_to_not_convert": [n for n in floats if n != "lm_head"] or None,
     }
     write_checkpoint(out, source, tensors, config)
-
-
-def _is_linear_weight(name: str) -> bool:
-    return name.endswith("_proj.weight") or name == "lm_head.weight"
 
 
 def _check(name: str, q) -> None:

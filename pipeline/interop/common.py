@@ -4,7 +4,6 @@ around the weights (config.json, tokenizer) and the packing of small integers in
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..model.llama import LlamaModel
+from ..model.names import hf_name
 from ..model.qlinear import QuantizedLinear
 from .errors import InteropError
 
@@ -21,6 +21,7 @@ __all__ = [
     "InteropError",
     "hf_name",
     "split_model",
+    "float_linears",
     "group_index",
     "has_act_order",
     "unsigned_codes",
@@ -34,15 +35,6 @@ __all__ = [
 # Engines run these int4 / int8 checkpoints with fp16 activations; float tensors follow.
 DENSE_DTYPE = torch.float16
 
-# IR name -> HF name: the inverse of model/load.py's renames.
-_HF_RENAMES = (
-    (r"^embed_tokens\.", "model.embed_tokens."),
-    (r"^norm\.", "model.norm."),
-    (r"^layers\.(\d+)\.attn_norm\.", r"model.layers.\1.input_layernorm."),
-    (r"^layers\.(\d+)\.mlp_norm\.", r"model.layers.\1.post_attention_layernorm."),
-    (r"^layers\.(\d+)\.attn\.", r"model.layers.\1.self_attn."),
-    (r"^layers\.(\d+)\.mlp\.", r"model.layers.\1.mlp."),
-)
 # Files that make a checkpoint directory usable besides config.json and the weights.
 _SIDE_FILES = (
     "tokenizer.json",
@@ -52,15 +44,6 @@ _SIDE_FILES = (
     "chat_template.jinja",
     "tokenizer.model",
 )
-
-
-def hf_name(ir_name: str) -> str:
-    """`layers.0.attn.q_proj` -> `model.layers.0.self_attn.q_proj` (lm_head is unchanged)."""
-    for pattern, repl in _HF_RENAMES:
-        name, n = re.subn(pattern, repl, ir_name)
-        if n:
-            return name
-    return ir_name
 
 
 def split_model(model: LlamaModel) -> tuple[dict[str, QuantizedLinear], dict[str, torch.Tensor]]:
@@ -78,6 +61,16 @@ def split_model(model: LlamaModel) -> tuple[dict[str, QuantizedLinear], dict[str
     if getattr(model.lm_head, "weight", None) is model.embed_tokens.weight:
         dense.pop("lm_head.weight", None)
     return quantized, dense
+
+
+def float_linears(dense: dict[str, torch.Tensor]) -> list[str]:
+    """HF names of the linears `split_model` left float (projections, lm_head), sorted: what
+    a format's config lists as not converted."""
+    return sorted(
+        hf_name(name.rpartition(".")[0])
+        for name in dense
+        if name.endswith("_proj.weight") or name == "lm_head.weight"
+    )
 
 
 def group_index(q: QuantizedLinear) -> torch.Tensor:

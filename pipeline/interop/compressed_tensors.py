@@ -20,6 +20,7 @@ from ..model.llama import LlamaModel
 from .common import (
     InteropError,
     dense_tensors,
+    float_linears,
     has_act_order,
     hf_name,
     split_model,
@@ -58,7 +59,7 @@ def write_compressed_tensors(model: LlamaModel, source: Path, out: Path) -> None
         groups[f"group_{index}"] = scheme
         for name in names:
             tensors.update(_compress(hf_name(name), modules[name], scheme))
-    floats = sorted(hf_name(n.rpartition(".")[0]) for n in dense if _is_linear_weight(n))
+    floats = float_linears(dense)
     if "lm_head" not in modules and "lm_head" not in floats:
         floats.append("lm_head")  # tied to the embedding: still a Linear the targets match
     config = QuantizationConfig(
@@ -73,10 +74,6 @@ def write_compressed_tensors(model: LlamaModel, source: Path, out: Path) -> None
 
 def _groups(q) -> int:
     return q.scales.shape[1]
-
-
-def _is_linear_weight(name: str) -> bool:
-    return name.endswith("_proj.weight") or name == "lm_head.weight"
 
 
 def _scheme(bits: int, symmetric: bool, group: int, targets: list[str]):

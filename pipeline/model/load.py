@@ -12,6 +12,7 @@ from safetensors import safe_open
 from .config import ModelConfig
 from .layers import DecoderLayer
 from .llama import LlamaModel
+from .names import ir_name
 
 __all__ = ["load_model", "weight_files", "CheckpointError", "CheckpointReader", "ir_name"]
 
@@ -20,15 +21,6 @@ class CheckpointError(ValueError):
     """The checkpoint's weight files are missing, unsafe or do not fit the config."""
 
 
-# HF name -> IR name. Layer-local renames keep the IR's names short and readable.
-_RENAMES = (
-    (r"^model\.embed_tokens\.", "embed_tokens."),
-    (r"^model\.norm\.", "norm."),
-    (r"^model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.attn_norm."),
-    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.mlp_norm."),
-    (r"^model\.layers\.(\d+)\.self_attn\.", r"layers.\1.attn."),
-    (r"^model\.layers\.(\d+)\.mlp\.", r"layers.\1.mlp."),
-)
 # Buffers some checkpoints carry that the IR recomputes.
 _IGNORED = re.compile(r"rotary_emb\.inv_freq$")
 
@@ -49,14 +41,6 @@ def weight_files(path: Path) -> list[Path]:
             "only, because unpickling can run arbitrary code. Convert the checkpoint first."
         )
     raise CheckpointError(f"{path}: no *.safetensors weight files found")
-
-
-def ir_name(hf_name: str) -> str:
-    for pattern, repl in _RENAMES:
-        name, n = re.subn(pattern, repl, hf_name)
-        if n:
-            return name
-    return hf_name
 
 
 def load_model(path: str | Path, cfg: ModelConfig | None = None) -> LlamaModel:

@@ -10,12 +10,15 @@ layer-wise squared error, H = 2/n * sum x x^T over the calibration inputs x of t
   with the largest inputs first, while the most error-absorbing columns remain.
 - Static groups (``static_groups``): each group's scale and zero point are computed from the
   original weights *before* the permutation, over contiguous input channels, as in AutoGPTQ's
-  static groups and llm-compressor's `actorder: static/weight`. Two candidates are solved: the
-  min-max range and the range minimizing sum |w - q(w)|^2.4 (GPTQ's `mse` grid); rows are
-  independent given H, so each output row keeps the candidate with the smaller layer-wise
-  error (W - Q) H (W - Q)^T, never worse than min-max alone. Without static groups the
-  parameters of a group are taken from the error-updated weights when its first column is
-  reached.
+  static groups and llm-compressor's `actorder: static`. Without static groups the parameters
+  of a group are taken from the error-updated weights when its first column is reached.
+- Scale candidates (static groups narrower than a row): two are solved, the min-max range and
+  the range minimizing sum |w - q(w)|^2.4 (GPTQ's `mse` grid). Rows are independent given H,
+  so both are solved in one stacked pass and each output row keeps the candidate with the
+  smaller layer-wise error (W - Q) H (W - Q)^T. Per channel (one group per row), min-max
+  alone is used: on pydoc-16m the per-row choice lowered perplexity at g128 (W4 21.680 ->
+  21.650, W3 21.866 -> 21.823) but raised it per channel (W4 21.655 -> 21.685), where a row's
+  one clipped range costs every column and the layer-wise error misjudges the whole model.
 
 **Act order and export.** Act order with dynamic groups gives each group a scattered set of
 input channels (a non-trivial ``g_idx``), which a blocked ``DequantizeLinear`` cannot express
@@ -27,6 +30,8 @@ than -1); `gptq_quantize` itself still supports it and returns the ``g_idx``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -73,68 +78,50 @@ def gptq_quantize(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """weight [N, K], hessian [K, K] -> codes [N, K], scales [N, G], zero_points [N, G] | None,
     g_idx [K] | None (None: contiguous groups). Codes follow `quantize_weight`'s conventions."""
-    with solver_threads(weight.shape[1]):
-        return _gptq(
-            weight,
-            hessian,
-            bits=bits,
-            group_size=group_size,
-            symmetric=symmetric,
-            actorder=actorder,
-            static_groups=static_groups,
-            dampening_frac=dampening_frac,
-            block_size=block_size,
-        )
-
-
-def _gptq(
-    weight: torch.Tensor,
-    hessian: torch.Tensor,
-    *,
-    bits: int,
-    group_size: int,
-    symmetric: bool,
-    actorder: bool,
-    static_groups: bool,
-    dampening_frac: float,
-    block_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     n, k = weight.shape
     g = k if group_size == -1 else group_size
-    w = weight.detach().to(torch.float32).clone()
-    h = hessian.detach().to(torch.float32).clone()
-    dead = torch.diag(h) == 0  # channels never active in the calibration data
-    h[dead, dead] = 1.0
-    w[:, dead] = 0.0
-    perm = torch.argsort(torch.diag(h), descending=True, stable=True) if actorder else None
-    order = perm if perm is not None else torch.arange(k)
-    hinv = _inverse_hessian_cholesky(h[order][:, order], dampening_frac)
-    solve = _Solve(hinv, bits, g, symmetric, block_size)
+    with solver_threads(k):
+        w = weight.detach().to(torch.float32).clone()
+        h = hessian.detach().to(torch.float32).clone()
+        dead = torch.diag(h) == 0  # channels never active in the calibration data
+        h[dead, dead] = 1.0
+        w[:, dead] = 0.0
+        perm = torch.argsort(torch.diag(h), descending=True, stable=True) if actorder else None
+        order = perm if perm is not None else torch.arange(k)
+        hinv = _inverse_hessian_cholesky(h[order][:, order], dampening_frac)
+        solve = _Solve(hinv, bits, g, symmetric, block_size)
+        if not (static_groups or g == k):
+            codes, scales, zeros = solve.dynamic(w[:, order])
+            inverse = torch.argsort(order)
+            g_idx = (torch.arange(k) // g)[inverse] if perm is not None else None
+            return _pack(codes[:, inverse], scales, zeros, symmetric) + (g_idx,)
+        return _static(solve, w, h, order, bits, group_size, symmetric) + (None,)
 
-    if not (static_groups or g == k):
-        codes, scales, zeros = solve.dynamic(w[:, order])
-        inverse = torch.argsort(order)
-        g_idx = (torch.arange(k) // g)[inverse] if perm is not None else None
-        return _pack(codes[:, inverse], scales, zeros, symmetric) + (g_idx,)
 
-    # Static parameters, from the original weights over contiguous groups: min-max ranges and
-    # the ranges that minimize the rounding error. Rows are independent in GPTQ (they share only
-    # H), so both candidates are solved in one stacked pass and each row keeps the one with the
-    # smaller layer-wise error (W - Q) H (W - Q)^T: never worse than min-max alone.
-    _, minmax_scales, minmax_zeros = quantize_weight(w, bits, group_size, symmetric)
+def _static(solve: _Solve, w, h, order, bits: int, group_size: int, symmetric: bool):
+    """Codes, scales, zeros with static parameters: each row's best candidate (module doc)."""
+    n, k = w.shape
+    g = solve.g
+    scales, zeros = _static_candidates(w, bits, group_size, symmetric)  # [C*N, G]
+    candidates = scales.shape[0] // n
+    stacked = w.repeat(candidates, 1)  # [C*N, K]
+    codes = solve.static(stacked[:, order], scales, zeros, order // g)
+    codes = codes[:, torch.argsort(order)]  # [C*N, K], original column order
+    delta = _dequantize(codes, scales, zeros, g) - stacked
+    loss = ((delta @ h) * delta).sum(1).view(candidates, n)  # layer-wise error of each row
+    pick = loss.argmin(0) * n + torch.arange(n)  # ties keep the first (min-max) candidate
+    return _pack(codes[pick], scales[pick], None if zeros is None else zeros[pick], symmetric)
+
+
+def _static_candidates(w, bits: int, group_size: int, symmetric: bool):
+    """Scales [C*N, G] and zero points (float) | None: min-max, then, for groups narrower than a
+    row, the error-minimizing range (C = 2)."""
+    _, scales, zeros = quantize_weight(w, bits, group_size, symmetric)
+    zeros = None if zeros is None else zeros.to(torch.float32)
+    if group_size == -1:
+        return scales, zeros
     mse, mse_zeros = mse_scales(w, bits, group_size, symmetric)
-    scales = torch.cat((minmax_scales, mse))
-    zeros = None if symmetric else torch.cat((minmax_zeros, mse_zeros)).to(torch.float32)
-    column_groups = order // g  # the static group of each visited column
-    codes = solve.static(torch.cat((w, w))[:, order], scales, zeros, column_groups)
-    codes = codes[:, torch.argsort(order)]  # [2N, K], original column order
-    quantized = _dequantize(codes, scales, zeros, g)
-    delta = quantized - torch.cat((w, w))
-    loss = ((delta @ h) * delta).sum(1)  # [2N]
-    better = loss[n:] < loss[:n]
-    pick = torch.where(better, torch.arange(n) + n, torch.arange(n))
-    zeros = None if zeros is None else zeros[pick]
-    return _pack(codes[pick], scales[pick], zeros, symmetric) + (None,)
+    return torch.cat((scales, mse)), None if symmetric else torch.cat((zeros, mse_zeros.float()))
 
 
 def _dequantize(codes, scales, zeros, g) -> torch.Tensor:
@@ -209,28 +196,13 @@ class _Solve:
 
 
 def quantize_linear_gptq(
-    linear: nn.Linear,
-    hessian: torch.Tensor,
-    *,
-    bits: int,
-    group_size: int,
-    symmetric: bool,
-    actorder: bool = True,
-    static_groups: bool = True,
-    dampening_frac: float = 0.01,
-    block_size: int = 128,
+    linear: nn.Linear, hessian: torch.Tensor, **options: Any
 ) -> QuantizedLinear:
-    codes, scales, zeros, g_idx = gptq_quantize(
-        linear.weight.data,
-        hessian,
-        bits=bits,
-        group_size=group_size,
-        symmetric=symmetric,
-        actorder=actorder,
-        static_groups=static_groups,
-        dampening_frac=dampening_frac,
-        block_size=block_size,
-    )
+    """`gptq_quantize` on a linear's weight (``options``: its keywords) -> QuantizedLinear."""
+    codes, scales, zeros, g_idx = gptq_quantize(linear.weight.data, hessian, **options)
+    group_size = options["group_size"]
     g = linear.in_features if group_size == -1 else group_size
     bias = None if linear.bias is None else linear.bias.data.clone()
-    return QuantizedLinear(codes, scales, zeros, bits=bits, group_size=g, bias=bias, g_idx=g_idx)
+    return QuantizedLinear(
+        codes, scales, zeros, bits=options["bits"], group_size=g, bias=bias, g_idx=g_idx
+    )

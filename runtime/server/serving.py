@@ -218,9 +218,24 @@ class _Format:
         return []
 
     def full(self, outputs: list[RequestOutput]) -> dict:
+        last = outputs[-1]
+        choice = {
+            "index": 0,
+            **self.content("".join(o.text for o in outputs)),
+            "logprobs": self._logprobs(outputs),
+            "finish_reason": last.finish_reason,
+        }
+        usage = Usage.of(last.num_prompt_tokens, last.num_output_tokens)
+        return self.envelope(self.object_full, [choice], usage)
+
+    def content(self, text: str) -> dict:
+        """The whole response's text as its choice carries it."""
         raise NotImplementedError
 
     def chunks(self, output: RequestOutput) -> list[dict]:
+        raise NotImplementedError
+
+    def _logprobs(self, outputs: list[RequestOutput]) -> dict | None:
         raise NotImplementedError
 
 
@@ -229,16 +244,8 @@ class _CompletionFormat(_Format):
     object_chunk = "text_completion"
     id_prefix = "cmpl"
 
-    def full(self, outputs: list[RequestOutput]) -> dict:
-        last = outputs[-1]
-        choice = {
-            "index": 0,
-            "text": "".join(o.text for o in outputs),
-            "logprobs": self._logprobs(outputs),
-            "finish_reason": last.finish_reason,
-        }
-        usage = Usage.of(last.num_prompt_tokens, last.num_output_tokens)
-        return self.envelope(self.object_full, [choice], usage)
+    def content(self, text: str) -> dict:
+        return {"text": text}
 
     def chunks(self, output: RequestOutput) -> list[dict]:
         if not output.text and output.finish_reason is None and output.logprobs is None:
@@ -278,17 +285,8 @@ class _ChatFormat(_Format):
     object_chunk = "chat.completion.chunk"
     id_prefix = "chatcmpl"
 
-    def full(self, outputs: list[RequestOutput]) -> dict:
-        last = outputs[-1]
-        message = {"role": "assistant", "content": "".join(o.text for o in outputs)}
-        choice = {
-            "index": 0,
-            "message": message,
-            "logprobs": self._logprobs(outputs),
-            "finish_reason": last.finish_reason,
-        }
-        usage = Usage.of(last.num_prompt_tokens, last.num_output_tokens)
-        return self.envelope(self.object_full, [choice], usage)
+    def content(self, text: str) -> dict:
+        return {"message": {"role": "assistant", "content": text}}
 
     def opening(self) -> list[dict]:
         delta = {"role": "assistant", "content": ""}

@@ -9,13 +9,10 @@ import numpy as np
 import pytest
 
 from ingot.runtime import Completion, Generator, SamplingParams
-from ingot.runtime.generate import GeneratorConfig
 from ingot.runtime.kv_pool import KVPool, OutOfBlocks
-from ingot.runtime.tokenizer import TextTokenizer
 
-from fixtures import write_tokenizer
+from generator_support import V, fake_generator, new_kv
 
-V = 320
 EOS = 1
 BACKTICK, A = 65, 66  # token ids of "`" and "a": a prompt of [BACKTICK] generates "abcd..."
 
@@ -41,24 +38,11 @@ class FakeSession:
             np.testing.assert_array_equal(stored, visible + 1)  # K holds position + 1
         logits = np.zeros((S, Q, V), np.float32)
         np.put_along_axis(logits, ((input_ids + 1) % V)[..., None], 10.0, axis=-1)
-        k = np.broadcast_to((positions + 1).astype(np.float32)[..., None, None], (S, Q, 1, 2))
-        v = np.broadcast_to(input_ids.astype(np.float32)[..., None, None], (S, Q, 1, 2))
-        return logits, [(k, v), (k, v)]
+        return logits, new_kv(positions, input_ids)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok")
-    write_tokenizer(path, V)
-    return TextTokenizer(path / "tokenizer.json")
-
-
-def _generator(tokenizer, num_blocks=64, block_size=4, **config):
-    pool = KVPool(
-        num_layers=2, num_blocks=num_blocks, block_size=block_size, num_kv_heads=1, head_dim=2
-    )
-    config = GeneratorConfig(**{"max_seq_len": 64, "eos_token_ids": (EOS,), **config})
-    return Generator(FakeSession(pool), pool, tokenizer, config)
+def _generator(tokenizer, **options) -> Generator:
+    return fake_generator(FakeSession, tokenizer, **{"eos_token_ids": (EOS,), **options})
 
 
 def _all_free(gen):

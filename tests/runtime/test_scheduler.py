@@ -9,13 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingot.runtime import EngineStats, Generator, SamplingParams
-from ingot.runtime.generate import GeneratorConfig
 from ingot.runtime.kv_pool import KVPool
-from ingot.runtime.tokenizer import TextTokenizer
 
-from fixtures import write_tokenizer
-
-V = 320
+from generator_support import V, fake_generator, new_kv
 
 
 def _logits(context_hash: int) -> np.ndarray:
@@ -62,23 +58,11 @@ class ContextFake:
                 pos = np.concatenate([past, positions[s, new]])
                 tok = np.concatenate([self.pool.v[1][blocks, offsets, 0, 0], input_ids[s, new]])
                 logits[s, q] = _logits(int(((pos + 1) * (tok.astype(np.int64) + 7)).sum() % 9973))
-        k = np.broadcast_to((positions + 1).astype(np.float32)[..., None, None], (S, Q, 1, 2))
-        v = np.broadcast_to(input_ids.astype(np.float32)[..., None, None], (S, Q, 1, 2))
-        return logits, [(k, v), (k, v)]
+        return logits, new_kv(positions, input_ids)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok")
-    write_tokenizer(path, V)
-    return TextTokenizer(path / "tokenizer.json")
-
-
-def _generator(tokenizer, num_blocks=64, block_size=4, **config) -> Generator:
-    pool = KVPool(num_layers=2, num_blocks=num_blocks, block_size=block_size, num_kv_heads=1,
-                  head_dim=2)  # fmt: skip
-    config = GeneratorConfig(**{"max_seq_len": 64, **config})
-    return Generator(ContextFake(pool), pool, tokenizer, config)
+def _generator(tokenizer, **options) -> Generator:
+    return fake_generator(ContextFake, tokenizer, **options)
 
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0)

@@ -1,0 +1,38 @@
+"""What the generation tests' fake sessions share: V token ids, the keys and values they
+write (K = position + 1, V = the token id: what a fake reads back from the pool says where it
+was written and what), and a Generator over a two-layer pool."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ingot.runtime.generate import Generator, GeneratorConfig, ModelRunner
+from ingot.runtime.kv_pool import KVPool
+from ingot.runtime.tokenizer import TextTokenizer
+
+V = 320
+
+
+def new_kv(positions: np.ndarray, input_ids: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Both layers' (new K, new V) [S, Q, 1, 2] for a step's tokens."""
+    S, Q = input_ids.shape
+    k = np.broadcast_to((positions + 1).astype(np.float32)[..., None, None], (S, Q, 1, 2))
+    v = np.broadcast_to(input_ids.astype(np.float32)[..., None, None], (S, Q, 1, 2))
+    return [(k, v), (k, v)]
+
+
+def fake_generator(
+    session: Callable[[KVPool], ModelRunner],
+    tokenizer: TextTokenizer,
+    num_blocks: int = 64,
+    block_size: int = 4,
+    **config,
+) -> Generator:
+    """A Generator over `session(pool)`; GeneratorConfig's max_seq_len defaults to 64."""
+    pool = KVPool(
+        num_layers=2, num_blocks=num_blocks, block_size=block_size, num_kv_heads=1, head_dim=2
+    )
+    config = GeneratorConfig(**{"max_seq_len": 64, **config})
+    return Generator(session(pool), pool, tokenizer, config)
