@@ -67,7 +67,7 @@ def run_layers(
     num_layers: int,
     first_inputs: Callable[[], ActivationStore],
     *,
-    quantize_layer: Callable[[int, ActivationStore], ActivationStore],
+    quantize_layer: Callable[[int, ActivationStore, bool], ActivationStore | None],
     load_layer: Callable[[int], nn.Module],
     new_store: Callable[[int], ActivationStore],
     forward: Callable[[nn.Module, torch.Tensor], torch.Tensor],
@@ -78,8 +78,9 @@ def run_layers(
     """Quantize layers 0..num_layers-1 in order.
 
     first_inputs()          the inputs of layer 0 (the embeddings of the calibration tokens)
-    quantize_layer(i, x)    quantize layer i on its inputs x, write its checkpoint, and return
-                            the quantized layer's outputs
+    quantize_layer(i, x, keep)  quantize layer i on its inputs x, write its checkpoint, and
+                            return the quantized layer's outputs (None when keep is False: the
+                            last layer's outputs feed nothing, so they are not computed)
     load_layer(i)           a finished layer, loaded back from its checkpoint (to replay it)
     new_store(i)            an empty store for a replayed layer i's outputs
     on_layer(i, event)      progress: "quantized" or "resumed"
@@ -97,11 +98,13 @@ def run_layers(
             outputs = new_store(i)
             propagate(load_layer(i), x, outputs, forward, batch)
         else:
-            outputs = quantize_layer(i, x)
+            outputs = quantize_layer(i, x, i + 1 < num_layers)
             if checkpoints is not None:
                 checkpoints.mark_done(i)
             if on_layer is not None:
                 on_layer(i, "quantized")
+            if outputs is None:
+                break
         x.close()
         x = outputs
     x.close()

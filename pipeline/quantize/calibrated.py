@@ -94,9 +94,9 @@ def quantize_model_calibrated(
             _embed(model.embed_tokens.weight.data, tokens, store, forward.batch)
             return store
 
-        def quantize(i: int, x: ActivationStore) -> ActivationStore:
-            plan = layer_plan(i, specs)
-            return quantize_layer(model.layers[i], x, plan, forward, cfg, _stores(space, i))
+        def quantize(i: int, x: ActivationStore, keep: bool) -> ActivationStore | None:
+            plan, stores = layer_plan(i, specs), _stores(space, i)
+            return quantize_layer(model.layers[i], x, plan, forward, cfg, stores, outputs=keep)
 
         run_layers(
             cfg.num_layers,
@@ -148,9 +148,9 @@ def quantize_checkpoint(
         _embed(reader.tensor("embed_tokens.weight"), tokens, store, forward.batch)
         return store
 
-    def quantize(i: int, x: ActivationStore) -> ActivationStore:
-        layer = reader.layer(i)
-        outputs = quantize_layer(layer, x, layer_plan(i, specs), forward, cfg, _stores(space, i))
+    def quantize(i: int, x: ActivationStore, keep: bool) -> ActivationStore | None:
+        layer, plan, stores = reader.layer(i), layer_plan(i, specs), _stores(space, i)
+        outputs = quantize_layer(layer, x, plan, forward, cfg, stores, outputs=keep)
         save_layer(layer, checkpoints.stem(i))
         return outputs
 

@@ -149,9 +149,12 @@ def quantize_layer(
     forward: LayerForward,
     cfg: ModelConfig,
     new_store: Callable[[str, tuple[int, ...]], ActivationStore],
-) -> ActivationStore:
+    *,
+    outputs: bool = True,
+) -> ActivationStore | None:
     """Quantize the linears of ``plan`` in place on the layer's inputs ``x`` [N, T, hidden];
-    returns the quantized layer's outputs (a store from ``new_store(name, shape)``).
+    returns the quantized layer's outputs (a store from ``new_store(name, shape)``), or None
+    without ``outputs`` (the last layer: its outputs feed nothing).
 
     True-sequentially when a GPTQ entry of the plan asks for it; otherwise every group is
     observed on the layer as loaded, in one pass, as llm-compressor and AutoAWQ do."""
@@ -162,11 +165,11 @@ def quantize_layer(
                 _replace(layer, name, quantize_linear_rtn(linear, *_quantizer(spec)))
     step = _Steps(layer, plan, forward, cfg, x.shape[0], x.shape[1])
     if any(spec.get("true_sequential") for spec in plan.values()):
-        return _true_sequential(step, x, new_store)
-    return _observe_once(step, x, new_store)
+        return _true_sequential(step, x, new_store, outputs)
+    return _observe_once(step, x, new_store, outputs)
 
 
-def _observe_once(step: _Steps, x: ActivationStore, new_store) -> ActivationStore:
+def _observe_once(step: _Steps, x: ActivationStore, new_store, outputs: bool):
     layer, forward = step.layer, step.forward
     observed = {group: step.observers(group) for group in LAYER_GROUPS}
     qkv, o, gate_up, down = (observed[g] for g in LAYER_GROUPS)
@@ -186,12 +189,14 @@ def _observe_once(step: _Steps, x: ActivationStore, new_store) -> ActivationStor
         step.fill(None, observe)
     for group in LAYER_GROUPS:
         step.finish(group, observed[group])
+    if not outputs:
+        return None
     out = new_store("out", x.shape)
     step.fill(out, lambda a, b: forward(layer, x.read(a, b)))
     return out
 
 
-def _true_sequential(step: _Steps, x: ActivationStore, new_store) -> ActivationStore:
+def _true_sequential(step: _Steps, x: ActivationStore, new_store, outputs: bool):
     # Each group observed on what the quantized groups before it produce. The layer is computed
     # in steps along that order, keeping what later steps reuse (the attention output before
     # o_proj, the residual stream after attention), so the attention runs once, not per group.
@@ -220,6 +225,9 @@ def _true_sequential(step: _Steps, x: ActivationStore, new_store) -> ActivationS
         return input_of(layer.mlp.down_proj, lambda: layer.mlp(h))
 
     step.quantize(down, down_input)
+    if not outputs:
+        resid.close()
+        return None
     out = new_store("out", (n, t, cfg.hidden_size))
 
     def output(a: int, b: int) -> torch.Tensor:

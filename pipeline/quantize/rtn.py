@@ -33,25 +33,42 @@ def quantize_weight(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """w: [N, K] float -> codes [N, K], scales [N, G], zero_points [N, G] | None; G = K / g.
 
-    group_size -1 means one group per output channel. Symmetric scales use the half-range
-    (qmax - qmin) / 2, as compressed-tensors does, so the code -2^(b-1) is reachable.
-    """
+    group_size -1 means one group per output channel; ranges as `_range_params`."""
     n, k = w.shape
-    g = k if group_size == -1 else group_size
-    qmin, qmax = integer_range(bits, symmetric)
-    groups = w.float().reshape(n, k // g, g)  # [N, G, g]
+    groups = w.float().reshape(n, k // _group(k, group_size), -1)  # [N, G, g]
+    scales, zeros = _range_params(*_extremes(groups, symmetric), bits)
+    z = None if zeros is None else zeros[..., None]
+    codes = round_to_codes(groups, scales[..., None], z, bits).reshape(n, k)
+    if zeros is None:
+        return codes.to(torch.int8), scales, None
+    return codes.to(torch.uint8), scales, zeros.to(torch.uint8)
+
+
+def _group(k: int, group_size: int) -> int:
+    return k if group_size == -1 else group_size
+
+
+def _extremes(groups: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What a group's range is made of: max |w| (symmetric) or (min, max) widened to hold 0,
+    each [N, G]."""
     if symmetric:
-        scales = groups.abs().amax(-1) / ((qmax - qmin) / 2)  # [N, G]
-        scales = torch.where(scales == 0, torch.ones_like(scales), scales)
-        codes = round_to_codes(groups, scales[..., None], None, bits)
-        return codes.reshape(n, k).to(torch.int8), scales, None
-    lo = groups.amin(-1).clamp(max=0)  # the range always holds 0, so zero is exact
-    hi = groups.amax(-1).clamp(min=0)
-    scales = (hi - lo) / (qmax - qmin)
+        return groups.abs().amax(-1), None
+    return groups.amin(-1).clamp(max=0), groups.amax(-1).clamp(min=0)
+
+
+def _range_params(
+    a: torch.Tensor, b: torch.Tensor | None, bits: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scales and zero points (float) | None of the ranges from `_extremes`. Symmetric scales
+    use the half-range (qmax - qmin) / 2, as compressed-tensors does, so -2^(b-1) is reachable;
+    an asymmetric range holds 0, so zero is exact."""
+    qmin, qmax = integer_range(bits, b is None)
+    if b is None:
+        scales = a / ((qmax - qmin) / 2)
+        return torch.where(scales == 0, torch.ones_like(scales), scales), None
+    scales = (b - a) / (qmax - qmin)
     scales = torch.where(scales == 0, torch.ones_like(scales), scales)
-    zeros = torch.clamp(torch.round(qmin - lo / scales), qmin, qmax)  # [N, G]
-    codes = round_to_codes(groups, scales[..., None], zeros[..., None], bits)
-    return codes.reshape(n, k).to(torch.uint8), scales, zeros.to(torch.uint8)
+    return scales, torch.clamp(torch.round(qmin - a / scales), qmin, qmax)
 
 
 def quantize_linear_rtn(
@@ -69,16 +86,18 @@ def mse_scales(
     """Scales (and zero points) [N, G] whose rounding error sum |w - q(w)|^norm is smallest
     per group, over the ranges shrunk by 0, 1, ..., 79 % (GPTQ's `mse` grid)."""
     n, k = w.shape
-    g = k if group_size == -1 else group_size
-    groups = w.float().reshape(n, k // g, g)
+    groups = w.float().reshape(n, k // _group(k, group_size), -1)  # [N, G, g]
+    a, b = _extremes(groups, symmetric)
     best_err = best_scales = best_zeros = None
     for step in range(80):
+        # The range of w * shrink, exactly: rounding is monotonic, so the extremes of the
+        # shrunk weights are the shrunk extremes.
         shrink = 1 - step / 100
-        _, scales, zeros = quantize_weight(w * shrink, bits, group_size, symmetric)
-        z = None if zeros is None else zeros.float()[..., None]
+        scales, zeros = _range_params(a * shrink, None if b is None else b * shrink, bits)
+        z = None if zeros is None else zeros[..., None]
         codes = round_to_codes(groups, scales[..., None], z, bits)
-        deq = codes * scales[..., None] if z is None else (codes - z) * scales[..., None]
-        err = (deq - groups).abs().pow(norm).sum(-1)  # [N, G]
+        deq = (codes if z is None else codes.sub_(z)).mul_(scales[..., None])
+        err = deq.sub_(groups).abs_().pow_(norm).sum(-1)  # [N, G]
         if best_err is None:
             best_err, best_scales, best_zeros = err, scales, zeros
             continue
