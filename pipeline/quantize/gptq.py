@@ -118,7 +118,7 @@ def _static_candidates(w, bits: int, group_size: int, symmetric: bool):
     row, the error-minimizing range (C = 2)."""
     _, scales, zeros = quantize_weight(w, bits, group_size, symmetric)
     zeros = None if zeros is None else zeros.to(torch.float32)
-    if group_size == -1:
+    if scales.shape[1] == 1:  # one group per row: per channel
         return scales, zeros
     mse, mse_zeros = mse_scales(w, bits, group_size, symmetric)
     return torch.cat((scales, mse)), None if symmetric else torch.cat((zeros, mse_zeros.float()))

@@ -154,6 +154,35 @@ def test_only_one_layer_is_alive_at_a_time(tmp_path, checkpoint, calibration, mo
     assert not open_stores
 
 
+def test_the_last_layers_outputs_are_not_computed():
+    # Nothing reads the last layer's outputs: quantize_layer is told not to compute them, and
+    # every store the runner was given is closed.
+    kept, closed = [], []
+
+    class Store:
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def close(self) -> None:
+            closed.append(self.i)
+
+    def quantize_layer(i, x, keep):
+        kept.append(keep)
+        return Store(i) if keep else None
+
+    runner.run_layers(
+        4,
+        lambda: Store(-1),
+        quantize_layer=quantize_layer,
+        load_layer=lambda i: None,
+        new_store=Store,
+        forward=None,
+        batch=1,
+    )
+    assert kept == [True, True, True, False]
+    assert sorted(closed) == [-1, 0, 1, 2]
+
+
 def _calibrated_recipe(tmp_path, checkpoint):
     text = "\n".join(f"def f{i}(a, b):\n    return a + b * {i}\n" for i in range(400))
     (tmp_path / "calib.txt").write_text(text)
