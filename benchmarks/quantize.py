@@ -60,7 +60,7 @@ METHODS = [
     ("ingot RTN (sym)", "ingot", "rtn", True),
     ("ingot RTN (asym)", "ingot", "rtn", False),
     ("ingot GPTQ (sym)", "ingot", "gptq", True),
-    ("ingot GPTQ true-sequential (sym)", "ingot", "gptq-ts", True),
+    ("ingot GPTQ one pass (sym)", "ingot", "gptq-1p", True),
     ("ingot AWQ (asym)", "ingot", "awq", False),
     ("llm-compressor RTN (sym)", "llmc", "rtn", True),
     ("llm-compressor GPTQ (sym)", "llmc", "gptq", True),
@@ -85,7 +85,7 @@ def _spec(method: str, bits: int, group_size: int, symmetric: bool) -> dict[str,
     from ingot.pipeline.recipe import GptqQuantize
 
     spec = {
-        "method": method.removesuffix("-ts"),
+        "method": method.removesuffix("-1p"),
         "bits": bits,
         "group_size": group_size,
         "symmetric": symmetric,
@@ -93,9 +93,10 @@ def _spec(method: str, bits: int, group_size: int, symmetric: bool) -> dict[str,
         "ignore": ["lm_head"],
     }
     if spec["method"] == "gptq":  # the recipe's defaults (act order with static groups, ...)
-        fields = ("actorder", "static_groups", "dampening_frac", "block_size")
+        fields = ("actorder", "static_groups", "dampening_frac", "block_size", "true_sequential")
         spec.update({f: GptqQuantize.model_fields[f].default for f in fields})
-        spec["true_sequential"] = method == "gptq-ts"  # the recipe's choice, off by default
+        if method == "gptq-1p":  # every group observed in one pass, llm-compressor's order
+            spec["true_sequential"] = False
     return spec
 
 
@@ -167,7 +168,7 @@ def _measured(cmd: list[str], result_file: Path, log: Path) -> dict[str, Any]:
     return {**result, **usage}
 
 
-def _calibration_tokens(work: Path, samples: int) -> Path:
+def _calibration_tokens(work: Path, samples: int, seed: int = 0) -> Path:
     """ingot's calibration sampler over pydoc-calib.txt, saved for both tools."""
     from ingot.calibration.dataset import load_calibration
 
@@ -178,12 +179,12 @@ def _calibration_tokens(work: Path, samples: int) -> Path:
         "text_field": "text",
         "samples": samples,
         "seq_len": 512,
-        "seed": 0,
+        "seed": seed,
     }
     calibration = load_calibration(
         section, MODEL / "tokenizer.json", eos_token_id=config["eos_token_id"]
     )
-    path = work / f"calib-{samples}x512.npy"
+    path = work / (f"calib-{samples}x512.npy" if seed == 0 else f"calib-{samples}x512-s{seed}.npy")
     np.save(path, np.asarray(calibration.tokens, dtype=np.int64))
     return path
 
@@ -211,6 +212,7 @@ def _run(
 ) -> dict[str, Any]:
     bits, group = SETTINGS[setting]
     tag = f"{tool}-{method}-{'sym' if symmetric else 'asym'}-{setting}-{model.name}"
+    tag += f"-s{ctx['seed']}" if ctx.get("seed") else ""
     out, result = ctx["work"] / tag, ctx["work"] / f"{tag}.json"
     common = ["--model", str(model), "--tokens", str(ctx["tokens"]), "--method", method]
     common += ["--bits", str(bits), "--group-size", str(group), "--out", str(out)]
@@ -283,6 +285,9 @@ def main() -> None:
     parser.add_argument("--llmc-python", default=str(LLMC_PYTHON))
     parser.add_argument("--skip-llmc", action="store_true")
     parser.add_argument("--skip-depth", action="store_true")
+    parser.add_argument(
+        "--seeds", default="1,2", help="extra calibration seeds for the GPTQ rows ('' for none)"
+    )
     parser.add_argument("--depth-control", action="store_true", help="also a random 8-layer model")
     parser.add_argument("--reuse", action="store_true", help="reuse finished rows found in --work")
     parser.add_argument(
@@ -325,6 +330,8 @@ def run(args: argparse.Namespace) -> None:
             _run("llm-compressor AWQ (asym)", "llmc", "awq", False, settings[0], MODEL, ctx)
         )
 
+    spread = [] if args.skip_llmc else _seed_spread(args, settings, rows, ctx)
+
     depth = []
     if not args.skip_depth:
         memory_ctx = {**ctx, "windows": None}  # memory only; random models have no quality
@@ -350,6 +357,7 @@ def run(args: argparse.Namespace) -> None:
             "windows": int(windows.shape[0]),
         },
         "rows": rows,
+        "seed_spread": spread,
         "depth": depth,
         "targets": _targets(rows, depth, settings),
         "notes": _notes(rows),
@@ -361,6 +369,25 @@ def run(args: argparse.Namespace) -> None:
     print((RESULTS / "quantize.md").read_text())
 
 
+def _seed_spread(args, settings, rows, ctx) -> list[dict[str, Any]]:
+    """The GPTQ rows again on windows drawn with other calibration seeds: how far perplexity
+    moves with the calibration sample alone, the yardstick for the differences above."""
+    seeds = [int(x) for x in args.seeds.split(",") if x]
+    spread = []
+    gptq = [m for m in METHODS if m[2].startswith("gptq")]
+    for setting in settings:
+        for label, tool, method, symmetric in gptq:
+            first = _find(rows, label, setting)
+            by_seed = {"0": first.get("perplexity") if first else None}
+            for seed in seeds:
+                tokens = _calibration_tokens(ctx["work"], args.samples, seed)
+                row = _run(label, tool, method, symmetric, setting, MODEL,
+                           {**ctx, "tokens": tokens, "seed": seed})  # fmt: skip
+                by_seed[str(seed)] = row.get("perplexity")
+            spread.append({"label": label, "setting": setting, "perplexity_by_seed": by_seed})
+    return spread
+
+
 def _notes(rows: list[dict[str, Any]]) -> list[str]:
     notes = [
         "quantize s: the quantization call only. ingot GPTQ / AWQ: `quantize_checkpoint`, the "
@@ -370,8 +397,10 @@ def _notes(rows: list[dict[str, Any]]) -> list[str]:
         "peak RSS: the whole quantizing process (imports, model, calibration activations), "
         "from getrusage(RUSAGE_CHILDREN) of a wrapper that runs only that process.",
         "GPTQ on both sides: symmetric, act order with static groups, block 128, dampening "
-        "0.01 (llm-compressor's defaults). AWQ is compared with RTN at the same (asymmetric) "
-        "scheme.",
+        "0.01 (llm-compressor's defaults). ingot GPTQ is the recipe's default, true-sequential "
+        "inside each layer (q,k,v -> o -> gate,up -> down, as AutoGPTQ); 'one pass' observes "
+        "every group of a layer as loaded, as llm-compressor does. AWQ is compared with RTN "
+        "at the same (asymmetric) scheme.",
     ]
     codes = sorted({r["code"] for r in rows if r.get("code")})
     if codes:
@@ -472,6 +501,18 @@ def _markdown(report: dict[str, Any]) -> str:
                 lines.append(f"| {r['model']} | {layers} | {r['quantize_seconds']:.1f} | {rss} |")
             else:
                 lines.append(f"| {r['model']} | {layers} | FAILED: {r.get('error')} | |")
+    if report.get("seed_spread"):
+        seeds = sorted({k for r in report["seed_spread"] for k in r["perplexity_by_seed"]}, key=int)
+        lines += ["", "GPTQ perplexity by calibration seed (seed 0 is the table above; each "
+                  "seed draws other windows of the calibration text):", ""]  # fmt: skip
+        lines += ["| method | setting | " + " | ".join(f"seed {k}" for k in seeds) + " | mean |"]
+        lines += ["|---|---|" + "---:|" * (len(seeds) + 1)]
+        for r in report["seed_spread"]:
+            values = [r["perplexity_by_seed"].get(k) for k in seeds]
+            known = [v for v in values if v is not None]
+            mean = f"{sum(known) / len(known):.4f}" if known else "-"
+            cells = " | ".join("-" if v is None else f"{v:.4f}" for v in values)
+            lines.append(f"| {r['label']} | {r['setting']} | {cells} | {mean} |")
     lines += ["", *(f"- {n}" for n in report.get("notes", []))]
     lines += ["", "| target | values | met |", "|---|---|---|"]
     for t in report["targets"]:

@@ -9,12 +9,15 @@ input channel and a fixed subset of whole samples for its error searches).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 __all__ = ["ChannelObserver", "HessianObserver", "StopForward", "input_of"]
+
+_BLOCK = 256  # least channels per block row of the Hessian: narrower products are slower
 
 
 class StopForward(Exception):
@@ -43,7 +46,12 @@ def input_of(module: nn.Module, run: Callable[[], object]) -> torch.Tensor:
 
 
 class HessianObserver:
-    """GPTQ's Hessian of the layer-wise squared error: H = 2/n * sum over tokens of x x^T."""
+    """GPTQ's Hessian of the layer-wise squared error: H = 2/n * sum over tokens of x x^T.
+
+    H is symmetric, so only its upper triangle is accumulated, in block rows of at least
+    ``_BLOCK`` channels: block row i is x[:, i]^T x[:, i:], which skips the blocks below the
+    diagonal. For K = 1024 (an MLP's down_proj), 10 of 16 blocks: ~30% faster measured on the
+    largest product of calibration; narrower inputs stay one product."""
 
     __slots__ = ("_sum", "_count")
 
@@ -52,12 +60,16 @@ class HessianObserver:
         self._count = 0
 
     def __call__(self, x: torch.Tensor) -> None:
-        self._sum.addmm_(x.T, x)
+        k = x.shape[1]  # x: [tokens, K]
+        edges = torch.linspace(0, k, max(1, k // _BLOCK) + 1).round().long().tolist()
+        for i, j in itertools.pairwise(edges):
+            self._sum[i:j, i:].addmm_(x[:, i:j].T, x[:, i:])  # block row, from the diagonal
         self._count += x.shape[0]
 
     def hessian(self) -> torch.Tensor:
         """[K, K] float32."""
-        return self._sum * (2.0 / max(self._count, 1))
+        upper = torch.triu(self._sum)
+        return (upper + torch.triu(upper, diagonal=1).T) * (2.0 / max(self._count, 1))
 
 
 class ChannelObserver:

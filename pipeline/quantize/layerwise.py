@@ -1,14 +1,15 @@
 """Calibrated quantization (GPTQ, AWQ) of one Llama-family decoder layer.
 
 The linears are quantized group by group in the order their inputs are computed:
-q,k,v -> o -> gate,up -> down. By default every group's input is observed in one pass over the
-layer as loaded (as llm-compressor and AutoAWQ do). With ``true_sequential`` (a GPTQ option)
-each group is instead fitted to the inputs the already quantized groups before it produce;
-the layer is then computed in steps along that order, keeping what later steps reuse (the
-attention output before o_proj, the residual stream after attention), so the attention still
-runs once. Either way the layer's outputs are bit-identical to a plain forward of the finished
-layer (the same operations on the same chunks), which is what a resumed run replays. RTN
-entries of the same recipe are applied first. `calibrated.py` runs this layer by layer.
+q,k,v -> o -> gate,up -> down. With ``true_sequential`` (GPTQ's default) each group is fitted to
+the inputs the already quantized groups before it produce; the layer is then computed in steps
+along that order, keeping what later steps reuse (the attention output before o_proj, the
+residual stream after attention), so the attention runs once. Otherwise (AWQ, or GPTQ with
+``true_sequential: false``) every group's input is observed in one pass over the layer as
+loaded, as llm-compressor and AutoAWQ do. Either way the layer's outputs are bit-identical to
+a plain forward of the finished layer (the same operations on the same chunks), which is what
+a resumed run replays. RTN entries of the same recipe are applied first. `calibrated.py` runs
+this layer by layer.
 """
 
 from __future__ import annotations
@@ -156,8 +157,8 @@ def quantize_layer(
     returns the quantized layer's outputs (a store from ``new_store(name, shape)``), or None
     without ``outputs`` (the last layer: its outputs feed nothing).
 
-    True-sequentially when a GPTQ entry of the plan asks for it; otherwise every group is
-    observed on the layer as loaded, in one pass, as llm-compressor and AutoAWQ do."""
+    True-sequentially when a GPTQ entry of the plan asks for it (the default); otherwise
+    every group is observed on the layer as loaded, in one pass."""
     with torch.no_grad():
         for name, spec in plan.items():
             if spec["method"] == "rtn":

@@ -100,10 +100,10 @@ class GptqQuantize(_Strict):
         default=128, ge=1, le=4096, description="Columns per lazy batch update."
     )
     true_sequential: bool = Field(
-        default=False,
+        default=True,
         description="Fit each group of a layer (q,k,v -> o -> gate,up -> down) to the inputs "
-        "the already quantized groups before it produce, instead of observing every group "
-        "on the layer as loaded.",
+        "the already quantized groups before it produce (AutoGPTQ's default); false observes "
+        "every group on the layer as loaded, in one pass (llm-compressor's order).",
     )
 
     @field_validator("static_groups")
