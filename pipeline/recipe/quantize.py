@@ -37,28 +37,39 @@ ModulePattern = Annotated[
 ]
 
 
+# Fields every pass shares (each class gives its own defaults).
+GroupSize = Annotated[
+    Literal[32, 64, 128, -1],
+    Field(description="Input channels sharing one scale; -1 = one scale per output channel."),
+]
+Targets = Annotated[
+    list[ModulePattern],
+    Field(
+        min_length=1,
+        description="Modules to quantize: IR module names (`layers.0.attn.q_proj`, `lm_head`) "
+        "or regular expressions prefixed `re:` that must match the whole name.",
+    ),
+]
+Ignore = Annotated[
+    list[ModulePattern],
+    Field(
+        description="Modules to leave unquantized, even if `targets` selects them "
+        "(same syntax as `targets`).",
+    ),
+]
+
+
 class RtnQuantize(_Strict):
     """Round-to-nearest weight quantization: no calibration data, the fast baseline."""
 
     method: Literal["rtn"] = Field(description="Quantization algorithm.")
     bits: Literal[4, 8] = Field(description="Bits per weight.")
-    group_size: Literal[32, 64, 128, -1] = Field(
-        description="Input channels sharing one scale; -1 = one scale per output channel.",
-    )
+    group_size: GroupSize
     symmetric: bool = Field(
         default=True, description="Symmetric (zero point 0) or asymmetric (with zero points)."
     )
-    targets: list[ModulePattern] = Field(
-        default=["re:.*"],
-        min_length=1,
-        description="Modules to quantize: IR module names (`layers.0.attn.q_proj`, `lm_head`) "
-        "or regular expressions prefixed `re:` that must match the whole name.",
-    )
-    ignore: list[ModulePattern] = Field(
-        default=["lm_head"],
-        description="Modules to leave unquantized, even if `targets` selects them "
-        "(same syntax as `targets`).",
-    )
+    targets: Targets = ["re:.*"]
+    ignore: Ignore = ["lm_head"]
 
 
 class GptqQuantize(_Strict):
@@ -67,18 +78,12 @@ class GptqQuantize(_Strict):
 
     method: Literal["gptq"] = Field(description="Quantization algorithm.")
     bits: Literal[4, 8] = Field(description="Bits per weight.")
-    group_size: Literal[32, 64, 128, -1] = Field(
-        description="Input channels sharing one scale; -1 = one scale per output channel.",
-    )
+    group_size: GroupSize
     symmetric: bool = Field(
         default=True, description="Symmetric (zero point 0) or asymmetric (with zero points)."
     )
-    targets: list[ModulePattern] = Field(
-        default=["re:.*"], min_length=1, description=RtnQuantize.model_fields["targets"].description
-    )
-    ignore: list[ModulePattern] = Field(
-        default=["lm_head"], description=RtnQuantize.model_fields["ignore"].description
-    )
+    targets: Targets = ["re:.*"]
+    ignore: Ignore = ["lm_head"]
     actorder: bool = Field(
         default=True,
         description="Visit input channels in order of decreasing activation energy (diag of "
@@ -125,19 +130,13 @@ class AwqQuantize(_Strict):
 
     method: Literal["awq"] = Field(description="Quantization algorithm.")
     bits: Literal[4] = Field(description="Bits per weight.")
-    group_size: Literal[32, 64, 128, -1] = Field(
-        description="Input channels sharing one scale; -1 = one scale per output channel.",
-    )
+    group_size: GroupSize
     symmetric: bool = Field(
         default=False,
         description="Symmetric (zero point 0) or asymmetric (with zero points, AWQ's usual).",
     )
-    targets: list[ModulePattern] = Field(
-        default=["re:.*"], min_length=1, description=RtnQuantize.model_fields["targets"].description
-    )
-    ignore: list[ModulePattern] = Field(
-        default=["lm_head"], description=RtnQuantize.model_fields["ignore"].description
-    )
+    targets: Targets = ["re:.*"]
+    ignore: Ignore = ["lm_head"]
 
 
 # Discriminated by `method`: an unknown method fails with the list of known ones.
