@@ -53,6 +53,17 @@ def test_hessian_is_two_x_t_x_over_n(layer):
     torch.testing.assert_close(hessian, 2 * x_fit.T @ x_fit / len(x_fit), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("width", [600, 1024])  # accumulated in 2 and 4 block rows
+def test_hessian_from_block_rows_is_whole_and_symmetric(width):
+    x = torch.randn(700, width, generator=torch.Generator().manual_seed(1))
+    observer = HessianObserver(width)
+    for chunk in x.split(300):
+        observer(chunk)
+    hessian = observer.hessian()
+    assert torch.equal(hessian, hessian.T)
+    torch.testing.assert_close(hessian, 2 * x.T @ x / len(x), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize(
     ("bits", "group_size", "symmetric", "actorder", "static_groups"),
     [
