@@ -16,9 +16,8 @@ layer-wise squared error, H = 2/n * sum x x^T over the calibration inputs x of t
   the range minimizing sum |w - q(w)|^2.4 (GPTQ's `mse` grid). Rows are independent given H,
   so both are solved in one stacked pass and each output row keeps the candidate with the
   smaller layer-wise error (W - Q) H (W - Q)^T. Per channel (one group per row), min-max
-  alone is used: on pydoc-16m the per-row choice lowered perplexity at g128 (W4 21.680 ->
-  21.650, W3 21.866 -> 21.823) but raised it per channel (W4 21.655 -> 21.685), where a row's
-  one clipped range costs every column and the layer-wise error misjudges the whole model.
+  alone is used: in exploratory runs on pydoc-16m the per-row choice lowered perplexity at
+  g128 but raised it per channel, though it lowered the layer-wise error there too.
 
 **Act order and export.** Act order with dynamic groups gives each group a scattered set of
 input channels (a non-trivial ``g_idx``), which a blocked ``DequantizeLinear`` cannot express
@@ -107,6 +106,8 @@ def _static(solve: _Solve, w, h, order, bits: int, group_size: int, symmetric: b
     stacked = w.repeat(candidates, 1)  # [C*N, K]
     codes = solve.static(stacked[:, order], scales, zeros, order // g)
     codes = codes[:, torch.argsort(order)]  # [C*N, K], original column order
+    if candidates == 1:  # nothing to choose
+        return _pack(codes, scales, zeros, symmetric)
     delta = _dequantize(codes, scales, zeros, g) - stacked
     loss = ((delta @ h) * delta).sum(1).view(candidates, n)  # layer-wise error of each row
     pick = loss.argmin(0) * n + torch.arange(n)  # ties keep the first (min-max) candidate

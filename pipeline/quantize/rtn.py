@@ -83,7 +83,7 @@ def quantize_linear_rtn(
 def mse_scales(
     w: torch.Tensor, bits: int, group_size: int, symmetric: bool, *, norm: float = 2.4
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scales (and zero points) [N, G] whose rounding error sum |w - q(w)|^norm is smallest
+    """Scales (and float zero points) [N, G] whose rounding error sum |w - q(w)|^norm is smallest
     per group, over the ranges shrunk by 0, 1, ..., 79 % (GPTQ's `mse` grid)."""
     n, k = w.shape
     groups = w.float().reshape(n, k // _group(k, group_size), -1)  # [N, G, g]
