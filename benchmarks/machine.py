@@ -12,11 +12,45 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["machine_info", "measure_bandwidth", "memory_status"]
+__all__ = ["LoadWatch", "machine_info", "measure_bandwidth", "memory_status"]
 
 _LIBRARIES = ("numpy", "torch", "onnxruntime", "onnx", "transformers", "tokenizers", "ingot")
 _BANDWIDTH_BYTES = 1 << 30  # 1 GiB: far larger than any cache, so every pass streams from DRAM
 _BANDWIDTH_REPEATS = 5
+
+
+class LoadWatch:
+    """The host's 1-minute load average sampled around a benchmark, and the verdict on it.
+
+    A run beside other jobs has measured up to 2x off on a 2-core host, so a report whose load
+    exceeded the benchmark's thread count is refused: `refusal()` says why, and the caller
+    writes that into the report (marked "refused") and exits non-zero instead of quoting it.
+    Call `sample()` between cases; the highest sample decides.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.samples: list[float] = []
+        self.sample()
+
+    def sample(self) -> float:
+        load = os.getloadavg()[0]
+        self.samples.append(load)
+        return load
+
+    def refusal(self) -> str | None:
+        """None for a quiet run, else the reason its numbers are not valid."""
+        self.sample()
+        worst = max(self.samples)
+        if worst <= self.threads:
+            return None
+        return (
+            f"host 1-min load reached {worst:.1f} with {self.threads} benchmark threads: other "
+            "work competed for the CPU, so the numbers are not valid (rerun on a quiet host)"
+        )
+
+    def record(self) -> dict[str, Any]:
+        return {"threads": self.threads, "load_1min_samples": [round(v, 2) for v in self.samples]}
 
 
 def machine_info() -> dict[str, Any]:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from machine import machine_info
+from machine import LoadWatch, machine_info
 from paths import REPO, bench_cache_dir, data_dir, peer_python, portable_report
 from scale_models import SHAPES, write_random_checkpoint
 from worker import WorkerFailed, run_worker
@@ -42,7 +42,7 @@ PROMPT_LEN = 32
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    load_before = os.getloadavg()[0]
+    load = LoadWatch(args.threads)
     report: dict[str, Any] = {"machine": machine_info(), "builds": [], "decode": {}}
     root = bench_cache_dir() / "scale"
     keep: dict[str, Path] = {}
@@ -58,9 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             _write(report, args)  # partial results survive a later failure
         if args.decode_shape in args.shapes:
             report["decode"] = _decode(work, keep, args)
-    report["load_1min"] = {"before": load_before, "after": os.getloadavg()[0]}
-    if max(report["load_1min"].values()) > args.threads:
-        report["refused"] = f"host load above {args.threads} threads: the numbers are not valid"
+    refusal = load.refusal()
+    report["load_1min"] = {"before": load.samples[0], "after": load.samples[-1]}
+    if refusal is not None:
+        report["refused"] = refusal
     _write(report, args)
     print((args.out_dir / f"{args.report_name}.md").read_text())
     return 0 if "refused" not in report else 1
