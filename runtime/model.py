@@ -53,6 +53,7 @@ class LoadedModel:
         require_signature: bool | None = None,
         verify_key: Path | str | None = None,
         chat_template: str | None = None,
+        profile_file_prefix: str | None = None,
     ) -> LoadedModel:
         """Verify the artifact at `path` (a directory or an `oci://` reference, pulled into the
         local store first), then load it.
@@ -71,7 +72,8 @@ class LoadedModel:
         own parameter's name.
 
         `chat_template` (template source) replaces the artifact's chat template, or supplies
-        one where the artifact has none.
+        one where the artifact has none. `profile_file_prefix` turns on ORT's per-node profiler
+        (benchmarks read it through `session.end_profiling()`).
         """
         root = resolve_artifact(path)
         check_signature(root, verify_key=verify_key, require=require_signature)
@@ -98,7 +100,12 @@ class LoadedModel:
             "on" if enable_prefix_caching else "off",
         )
         tokenizer = TextTokenizer.from_artifact(root, manifest.tokenizer, chat_template)
-        session = EngineSession(safe_relative_path(root, engine.path), pool, engine.session_options)
+        session = EngineSession(
+            safe_relative_path(root, engine.path),
+            pool,
+            engine.session_options,
+            profile_file_prefix=profile_file_prefix,
+        )
         return cls(
             root,
             manifest,

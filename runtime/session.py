@@ -40,8 +40,12 @@ class EngineSession:
         engine_file: Path | str,
         pool: KVPool,
         session_options: dict[str, Any] | None = None,
+        profile_file_prefix: str | None = None,
     ) -> None:
         options = _session_options(session_options or {})
+        if profile_file_prefix is not None:  # ORT's per-node profiler (benchmarks)
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_file_prefix
         self._session = ort.InferenceSession(
             str(engine_file), options, providers=["CPUExecutionProvider"]
         )
@@ -83,6 +87,10 @@ class EngineSession:
         self._session.run_with_iobinding(self._binding)
         logits, *kv = self._binding.copy_outputs_to_cpu()
         return logits, [(kv[2 * i], kv[2 * i + 1]) for i in range(self.num_layers)]
+
+    def end_profiling(self) -> str:
+        """Stop ORT's profiler; the path of the JSON trace it wrote (see `profile_file_prefix`)."""
+        return self._session.end_profiling()
 
     def _check_interface(self, pool: KVPool) -> None:
         inputs = {i.name: i for i in self._session.get_inputs()}
