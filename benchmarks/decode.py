@@ -1,20 +1,45 @@
-"""Batch-1 greedy decode speed of ingot against transformers and the PyTorch IR, on one host.
+"""Decode speed of ingot side by side with onnxruntime-genai and llama.cpp, on one host.
 
-    python benchmarks/decode.py [--models pydoc-16m,llama-1b-shape] [--tokens 128] [--quick]
-                                [--variants int4-g32,int8-pc] [--wait-idle SECONDS]
-                                [--models-dir DIR] [--threads 2] [--out-dir DIR]
+Reproduce (alone on a quiet machine; ~1 hour on 2 cores with the builds cached, ~1.5 hours
+from nothing; writes benchmarks/results/decode.json and decode.md):
 
-For each model: transformers generate (fp32), the ingot IR in torch (fp32) and ingot artifacts
-on ONNX Runtime (RTN int4 g32 and int8 per-channel, each also with a what-if engine rebuilt at
-MatMulNBits accuracy level 4). Each engine runs in its own process: a short warm-up, then 3
-runs of a fixed 32-token prompt with EOS ignored (one shorter run, flagged, for an engine too
-slow for that); decode tokens/s (time to first token excluded and reported apart) is the
-median. The memory bandwidth measured in the same run turns the bytes each decode step must
-read into a bandwidth-bound tokens/s. Writes benchmarks/results/decode.json and decode.md.
+    benchmarks/peers/setup.sh onnxruntime-genai && benchmarks/peers/setup.sh llama-cpp
+    .venv/bin/python benchmarks/decode.py
 
-pydoc-16m is read from --models-dir (default: ../shared/models beside the repository); the 1B
-shape, the artifacts and the what-if engines are built into $INGOT_BENCH_CACHE (default
-~/.cache/ingot-bench) and reused by later runs.
+Options: [--models pydoc-16m,llama-1b-shape] [--tokens 128] [--batch 32] [--runs 3]
+[--engines ingot,onnxruntime-genai,llama.cpp] [--parts batch1,batched,prefill,profile]
+[--prefill-models pydoc-16m] [--prefill-prompts 32] [--prefill-len 256] [--threads 2]
+[--wait-idle SECONDS] [--models-dir DIR] [--eval-text FILE] [--ortgenai-python PATH]
+[--llama-cpp-python PATH] [--out-dir DIR] [--quick]. `--quick` is a smoke run (pydoc-16m, 16
+tokens, batch 4, one run, a small prefill) written to a temporary directory, never over the
+committed results.
+
+Every engine gets the same weights' format: RTN int4, groups of 32, symmetric, lm_head
+included, int8 activations in the matmuls (MatMulNBits accuracy level 4; llama.cpp's Q4_0 dot
+products do the same), the same thread count, greedy decoding with EOS ignored:
+
+- ingot: an artifact built here (ort_artifacts.py), run through the public runtime API;
+- onnxruntime-genai: its own model builder (`-p int4 -e cpu --extra_options int4_block_size=32
+  int4_accuracy_level=4`) on the same checkpoint;
+- llama.cpp (llama-cpp-python): the GGUF (Q4_0) ingot's build writes with `interop: [gguf]`.
+
+Measured, per model (pydoc-16m, trained; the Llama-3.2-1B shape with random weights, vocab
+32000), each engine in its own process, after a warm-up, median of `--runs` runs:
+
+1. batch 1: decode tok/s (TTFT apart), TPOT p50 / p99, the ratio ingot / peer, the fraction of
+   the memory-bandwidth bound (bandwidth measured here, bytes each step must read in each
+   engine's format: traffic.py), greedy agreement with the fp32 IR (pydoc-16m only);
+2. `--batch` prompts decoding together: ingot adds them all to one Generator (in-flight
+   batching), onnxruntime-genai runs one static batch, llama.cpp one llama_batch with a
+   sequence id per prompt;
+3. prefill (ingot only): `--prefill-prompts` prompts of `--prefill-len` tokens at once, against
+   the same kind of tokens as one packed sequence. A sequence cannot exceed the model's
+   context (pydoc-16m: 1024), so the packed case is scaled down: 4 prompts at once against
+   their concatenation, cut to max_seq_len - 1 tokens; tokens/s compares them;
+4. ingot's step time by ONNX Runtime op type (its profiler) at batch 1 and at `--batch`: shares
+   only, since the profiler inflates the time of each node;
+5. the host's load between cases (machine.LoadWatch): a run whose load exceeded the thread
+   count is written with a REFUSED line at the top and exits 1.
 """
 
 from __future__ import annotations
@@ -32,218 +57,368 @@ from ingot.pipeline.model.config import ModelConfig
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # sibling helper modules; benchmarks/ is not a package
 
-from bench_models import MODELS, BenchModel, prepare_model  # noqa: E402
-from decode_report import write_reports  # noqa: E402
-from graph_stats import artifact_graphs, graph_summary  # noqa: E402
-from machine import machine_info, measure_bandwidth  # noqa: E402
-from ort_artifacts import (  # noqa: E402
-    DEFAULT_VARIANTS,
-    KV_BLOCK_SIZE,
-    MAX_SEQ_LEN,
-    ORT_VARIANTS,
-    WHAT_IF_ACCURACY_LEVEL,
-    build_spec,
-    prune_stale_caches,
-    what_if_engine_spec,
+from bench_models import MODELS, PROMPT_LEN, BenchModel, prepare_model  # noqa: E402
+from decode_peers import (  # noqa: E402
+    LLAMA_CPP,
+    LLAMA_CPP_DISTRIBUTION,
+    ORTGENAI,
+    build_ortgenai,
+    missing_peer,
+    peer_version,
+    set_ortgenai_threads,
 )
-from paths import models_dir  # noqa: E402
-from traffic import FLOAT32, decode_bytes_per_token, mean_decode_context  # noqa: E402
+from decode_report import write_reports  # noqa: E402
+from graph_stats import artifact_graphs  # noqa: E402
+from machine import LoadWatch, machine_info, measure_bandwidth  # noqa: E402
+from ort_artifacts import (  # noqa: E402
+    KV_BLOCK_SIZE,
+    MATMUL_ACCURACY_LEVEL,
+    build_spec,
+    export_max_seq_len,
+    find_gguf,
+    gguf_available,
+    prune_stale_caches,
+)
+from paths import data_dir, models_dir, peer_python  # noqa: E402
+from traffic import FLOAT32, INT4_G32, Q4_0, decode_traffic, mean_decode_context  # noqa: E402
 from worker import WorkerFailed, run_worker  # noqa: E402
 
 DEFAULT_THREADS = 2  # what the committed results ran with (a 2-core host)
-RUNS = 3
+ENGINES = ("ingot", "onnxruntime-genai", "llama.cpp")
+PARTS = ("batch1", "batched", "prefill", "profile")
+REFERENCE = "ir-fp32"  # greedy reference on the trained model
 WARMUP_TOKENS = 8  # each step reads every weight, so a few steps page them all in
-DECODE_BUDGET_S = 240  # timed runs per case; a slower engine gets one shorter run (flagged)
-REDUCED_BUDGET_S = 60  # that shorter run
-DECODE_TIMEOUT_S = 900
-BUILD_TIMEOUT_S = 1500
-FLOAT_ENGINES = ("transformers-fp32", "ir-fp32")
-REFERENCE_ENGINE = "ir-fp32"  # the other engines' greedy tokens are compared against it
+DECODE_BUDGET_S = 300  # timed runs per case; a slower engine gets one shorter run (flagged)
+REDUCED_BUDGET_S = 90  # that shorter run
+PROFILE_TOKENS = 32  # decode steps under the profiler (steady state; the profiler is slow)
+PROFILE_SKIP_STEPS = 2  # decode steps after the prefill left out of the profile as warm-up
+PACKED_PROMPTS = 4  # the packed-prefill comparison: this many prompts vs their concatenation
+WORKER_TIMEOUT_S = 1800
+BUILD_TIMEOUT_S = 3600
+# Bytes per element of each engine's KV cache: ingot's recipe and onnxruntime-genai's CPU
+# build keep fp32, llama.cpp's default cache is f16.
+KV_BYTES = {"ingot": 4, "onnxruntime-genai": 4, "llama.cpp": 2, REFERENCE: 4}
+WEIGHTS = {"ingot": INT4_G32, "onnxruntime-genai": INT4_G32, "llama.cpp": Q4_0, REFERENCE: FLOAT32}
+QUICK = dict(tokens=16, batch=4, runs=1, prefill_prompts=8, prefill_len=64)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    models = ["pydoc-16m"] if args.quick else args.models.split(",")
-    tokens = 32 if args.quick else args.tokens
-    variants = args.variants.split(",")
-    checks = (("--models", models, MODELS), ("--variants", variants, ORT_VARIANTS))
-    for flag, names, known in checks:
-        unknown = sorted(set(names) - set(known))
-        if unknown:
-            sys.exit(f"{flag}: unknown {unknown} (known: {', '.join(known)})")
-
+    watch = LoadWatch(args.threads)
     idle_wait_s = _wait_idle(args.wait_idle)
     started = time.perf_counter()
     for path in prune_stale_caches():
         _log(f"removed {path} (built by other ingot code)")
     machine = machine_info() | {"waited_for_idle_s": idle_wait_s}
     bandwidth = [measure_bandwidth(args.threads)]
-    cases = []
-    with tempfile.TemporaryDirectory(prefix="ingot-bench-") as tmp:
-        for name in models:
+    watch.sample()
+    results: dict[str, Any] = {"models": {}}
+    with tempfile.TemporaryDirectory(prefix="ingot-bench-") as tmp_dir:
+        bench = Bench(args, Path(tmp_dir), watch)
+        for name in args.models:
             _log(f"model {name}: preparing")
-            model = prepare_model(name, args.models_dir)
-            cases += bench_model(model, tokens, variants, Path(tmp), args.threads)
+            model = prepare_model(name, args.models_dir, args.eval_text)
+            results["models"][name] = bench.model(model)
     bandwidth.append(measure_bandwidth(args.threads))
-
-    report = _report(machine, bandwidth, cases, tokens, args, time.perf_counter() - started)
+    refused = watch.refusal()
+    report = _report(machine, bandwidth, results, args, watch, refused)
+    report["wall_s"] = time.perf_counter() - started
     json_path, md_path = write_reports(report, args.out_dir)
     _log(f"wrote {json_path} and {md_path} ({report['wall_s']:.0f} s)")
     print(md_path.read_text())
+    if refused:
+        _log(f"REFUSED: {refused}")
+        return 1
     return 0
 
 
-def bench_model(
-    model: BenchModel, tokens: int, variants: list[str], tmp: Path, threads: int
-) -> list[dict[str, Any]]:
-    cfg = ModelConfig.from_dir(model.path)
-    context = mean_decode_context(len(model.prompt_ids), tokens)
-    cases = []
-    for engine in FLOAT_ENGINES:
-        load = {"path": str(model.path), "threads": threads}
-        traffic = decode_bytes_per_token(cfg, FLOAT32, FLOAT32, context, kv_bytes=4)
-        cases.append(_case(model, engine, None, _decode(model, engine, load, tokens, tmp), traffic))
-    for variant in variants:
-        layers, lm_head = ORT_VARIANTS[variant]
-        traffic = decode_bytes_per_token(cfg, layers, lm_head, context, kv_bytes=4)
-        cases += _ort_cases(model, variant, traffic, tokens, tmp, threads)
-    _compare_tokens(cases)
-    return cases
+class Bench:
+    """The cases of one model, each in a worker process; the load sampled after each."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path, watch: LoadWatch) -> None:
+        self.args, self.tmp, self.watch = args, tmp, watch
+
+    def model(self, model: BenchModel) -> dict[str, Any]:
+        args = self.args
+        out: dict[str, Any] = {"config": _model_summary(model)}
+        builds = out["builds"] = {}
+        artifact, builds["ingot"] = self._build_ingot(model)
+        ortgenai_dir = None
+        if "onnxruntime-genai" in args.engines and {"batch1", "batched"} & set(args.parts):
+            builds["onnxruntime-genai"], ortgenai_dir = self._build_ortgenai(model)
+        gguf = find_gguf(artifact) if artifact else None
+        loads = self._loads(model, artifact, ortgenai_dir, gguf, builds)
+
+        batch1 = [model.prompt_ids]
+        batched = model.prompts(args.batch, PROMPT_LEN)
+        if "batch1" in args.parts:
+            if model.name == "pydoc-16m":
+                spec = {"path": str(model.path), "threads": args.threads}
+                out["reference"] = self._decode(model, REFERENCE, spec, batch1, runs=1, warmup=1)
+            out["batch1"] = {e: self._decode(model, e, loads[e], batch1) for e in args.engines}
+            _compare_tokens(out["batch1"], out.get("reference"))
+        if "batched" in args.parts:
+            out["batched"] = {e: self._decode(model, e, loads[e], batched) for e in args.engines}
+        if "prefill" in args.parts and model.name in args.prefill_models:
+            out["prefill"] = self._prefill(model, artifact)
+        if "profile" in args.parts:
+            out["profile"] = {
+                str(len(prompts)): self._profile(model, artifact, prompts)
+                for prompts in (batch1, batched)
+            }
+        return out
+
+    def _build_ingot(self, model: BenchModel) -> tuple[str | None, dict[str, Any]]:
+        interop = ["gguf"] if "llama.cpp" in self.args.engines and gguf_available() else []
+        _log(f"model {model.name}: building the ingot artifact (interop {interop})")
+        spec = build_spec(model, self.tmp, self.args.threads, interop)
+        built = self._worker(spec, BUILD_TIMEOUT_S)
+        self.watch.sample()
+        if not built["ok"]:
+            return None, built
+        built["graphs"] = artifact_graphs(built["artifact"])
+        built["interop_requested"] = interop
+        return built["artifact"], built
+
+    def _build_ortgenai(self, model: BenchModel) -> tuple[dict[str, Any], Path | None]:
+        _log(f"model {model.name}: onnxruntime-genai model builder")
+        record, out = build_ortgenai(model, self.args.ortgenai_python, BUILD_TIMEOUT_S)
+        self.watch.sample()
+        if out is not None:
+            record |= set_ortgenai_threads(out, self.args.threads)
+        return record, out
+
+    def _loads(
+        self,
+        model: BenchModel,
+        artifact: str | None,
+        ortgenai_dir: Path | None,
+        gguf: Path | None,
+        builds: dict[str, Any],
+    ) -> dict[str, dict[str, Any] | str]:
+        """Each engine's load arguments, or why it cannot run (a failed row)."""
+        loads: dict[str, dict[str, Any] | str] = {}
+        if artifact is None:
+            loads["ingot"] = f"ingot build failed: {builds['ingot'].get('error')}"
+        else:
+            loads["ingot"] = {"artifact": artifact}
+        if ortgenai_dir is None:
+            failed = builds.get("onnxruntime-genai") or {}
+            loads["onnxruntime-genai"] = f"model builder failed: {failed.get('error')}"
+        else:
+            loads["onnxruntime-genai"] = {"model_dir": str(ortgenai_dir)}
+        missing = missing_peer(LLAMA_CPP, LLAMA_CPP_DISTRIBUTION, self.args.llama_cpp_python)
+        if missing is not None:
+            loads["llama.cpp"] = missing["error"]
+        elif gguf is None:
+            why = "" if gguf_available() else " (this ingot has no `interop: [gguf]`)"
+            loads["llama.cpp"] = f"no GGUF in the ingot artifact{why}"
+        else:
+            # Each sequence's share of the context: its prompt and output, rounded up.
+            ctx = -(-(PROMPT_LEN + self.args.tokens + 1) // 256) * 256
+            loads["llama.cpp"] = {"gguf": str(gguf), "threads": self.args.threads}
+            loads["llama.cpp"] |= {"ctx_per_seq": ctx}
+        return loads
+
+    def _decode(
+        self,
+        model: BenchModel,
+        engine: str,
+        load: dict[str, Any] | str,
+        prompts: list[list[int]],
+        runs: int | None = None,
+        warmup: int = WARMUP_TOKENS,
+    ) -> dict[str, Any]:
+        args = self.args
+        tokens, batch = args.tokens, len(prompts)
+        traffic = self._traffic(model, engine, batch, len(prompts[0]), tokens)
+        if isinstance(load, str):
+            return {"ok": False, "error": load, "traffic": traffic}
+        load = dict(load)
+        if engine in ("ingot", "llama.cpp"):
+            load |= {"batch": batch, "batched_tokens": sum(map(len, prompts))}
+        _log(f"model {model.name}: {engine}, {batch} x {tokens} tokens")
+        spec = {
+            "kind": "decode",
+            "engine": engine,
+            "load": load,
+            "prompts": prompts,
+            "tokens": tokens,
+            "warmup_tokens": min(warmup, tokens),
+            "runs": runs or args.runs,
+            "budget_s": DECODE_BUDGET_S,
+            "reduced_budget_s": REDUCED_BUDGET_S,
+        }
+        python = {
+            "onnxruntime-genai": args.ortgenai_python,
+            "llama.cpp": args.llama_cpp_python,
+        }.get(engine)
+        result = self._worker(spec, WORKER_TIMEOUT_S, python)
+        result["load_1min_after"] = self.watch.sample()
+        result["traffic"] = traffic
+        return result
+
+    def _traffic(
+        self, model: BenchModel, engine: str, batch: int, prompt_len: int, tokens: int
+    ) -> dict[str, Any]:
+        cfg = ModelConfig.from_dir(model.path)
+        context = mean_decode_context(prompt_len, tokens)
+        weights = WEIGHTS[engine]
+        return decode_traffic(cfg, weights, weights, context, KV_BYTES[engine], batch)
+
+    def _prefill(self, model: BenchModel, artifact: str | None) -> dict[str, Any]:
+        if artifact is None:
+            return {"ok": False, "error": "ingot build failed"}
+        args = self.args
+        many = model.prompts(args.prefill_prompts, args.prefill_len)
+        few = many[:PACKED_PROMPTS]
+        packed = [t for p in few for t in p][: export_max_seq_len(model) - 1]
+        cases = [
+            {"name": "batched", "prompts": many},
+            {"name": "batched", "prompts": few},
+            {"name": "packed", "prompts": [packed]},
+        ]
+        _log(f"model {model.name}: ingot prefill")
+        spec = {"kind": "prefill", "artifact": artifact, "cases": cases, "runs": args.runs}
+        result = self._worker(spec, WORKER_TIMEOUT_S)
+        result["load_1min_after"] = self.watch.sample()
+        return result
+
+    def _profile(
+        self, model: BenchModel, artifact: str | None, prompts: list[list[int]]
+    ) -> dict[str, Any]:
+        if artifact is None:
+            return {"ok": False, "error": "ingot build failed"}
+        _log(f"model {model.name}: ingot under the ONNX Runtime profiler, batch {len(prompts)}")
+        spec = {
+            "kind": "profile",
+            "artifact": artifact,
+            "prompts": prompts,
+            "tokens": min(self.args.tokens, PROFILE_TOKENS),
+            "skip_steps": PROFILE_SKIP_STEPS,
+            "prefix": str(self.tmp / f"ort-profile-{model.name}-{len(prompts)}"),
+        }
+        result = self._worker(spec, WORKER_TIMEOUT_S)
+        result["load_1min_after"] = self.watch.sample()
+        return result
+
+    def _worker(self, spec: dict, timeout_s: float, python: Path | None = None) -> dict:
+        """Run one spec in a fresh process; a crash or timeout becomes an error record."""
+        started = time.perf_counter()
+        try:
+            result = run_worker(HERE / "decode_engines.py", spec, self.tmp, timeout_s, python)
+        except WorkerFailed as e:
+            return {"ok": False, "error": str(e)}
+        result["wall_s"] = time.perf_counter() - started
+        return result
 
 
-def _ort_cases(
-    model: BenchModel, variant: str, traffic: dict, tokens: int, tmp: Path, threads: int
-) -> list[dict[str, Any]]:
-    """The artifact as built from its recipe, then the what-if engine at another accuracy."""
-    _log(f"model {model.name}: building ingot artifact {variant}")
-    built = _run_worker(build_spec(model, variant, tmp, threads), tmp, BUILD_TIMEOUT_S)
-    if not built["ok"]:
-        failed = {"ok": False, "error": f"build failed: {built['error']}"}
-        return [_case(model, "ingot-ort", variant, failed, traffic) | {"build": built}]
-    artifact = built["artifact"]
-    result = _decode(model, "ingot-ort", {"artifact": artifact}, tokens, tmp)
-    case = _case(model, "ingot-ort", variant, result, traffic)
-    case |= {"build": built, "graphs": artifact_graphs(artifact)}
-
-    level = WHAT_IF_ACCURACY_LEVEL
-    _log(f"model {model.name}: what-if engine {variant} at MatMulNBits accuracy {level}")
-    engine = _run_worker(
-        what_if_engine_spec(artifact, built["digest"], level, threads), tmp, BUILD_TIMEOUT_S
-    )
-    if engine["ok"]:
-        load = {"artifact": artifact, "engine_file": engine["engine_file"]}
-        result = _decode(model, "ingot-ort", load, tokens, tmp)
-        graphs = {"onnxruntime_optimized": graph_summary(Path(engine["engine_file"]))}
-    else:
-        result, graphs = {"ok": False, "error": f"engine build failed: {engine['error']}"}, None
-    what_if = _case(model, "ingot-ort", variant, result, traffic)
-    what_if |= {"what_if": f"matmul_accuracy_level={level}", "engine_build": engine}
-    return [case, what_if | {"graphs": graphs}]
-
-
-def _decode(model: BenchModel, engine: str, load: dict, tokens: int, tmp: Path) -> dict:
-    _log(f"model {model.name}: decoding with {engine} {load}")
-    spec = {
-        "kind": "decode",
-        "engine": engine,
-        "load": load,
-        "prompt_ids": list(model.prompt_ids),
-        "tokens": tokens,
-        "warmup_tokens": min(WARMUP_TOKENS, tokens),
-        "runs": RUNS,
-        "budget_s": DECODE_BUDGET_S,
-        "reduced_budget_s": REDUCED_BUDGET_S,
-    }
-    load_before = os.getloadavg()[0]
-    result = _run_worker(spec, tmp, DECODE_TIMEOUT_S)
-    # Other processes on the host slow every engine: record how busy it was.
-    result["loadavg_1min"] = {"before": load_before, "after": os.getloadavg()[0]}
-    return result
-
-
-def _run_worker(spec: dict, tmp: Path, timeout_s: float) -> dict:
-    """Run one spec in a fresh process; a crash or timeout becomes an error record."""
-    started = time.perf_counter()
-    try:
-        result = run_worker(HERE / "decode_engines.py", spec, tmp, timeout_s)
-    except WorkerFailed as e:
-        return {"ok": False, "error": str(e)}
-    result["wall_s"] = time.perf_counter() - started
-    return result
-
-
-def _case(
-    model: BenchModel, engine: str, variant: str | None, result: dict, traffic: dict
-) -> dict[str, Any]:
-    return {
-        "model": model.name,
-        "engine": engine,
-        "variant": variant,
-        "what_if": None,
-        "prompt_tokens": len(model.prompt_ids),
-        "bytes_per_token": traffic,
-        **result,
-    }
-
-
-def _compare_tokens(cases: list[dict[str, Any]]) -> None:
+def _compare_tokens(cases: dict[str, dict[str, Any]], reference: dict | None) -> None:
     """Greedy agreement with the fp32 IR: how many leading tokens are identical."""
-    reference = next((c for c in cases if c["engine"] == REFERENCE_ENGINE and c["ok"]), None)
-    for case in cases:
-        if reference is None or not case["ok"]:
-            case["tokens_match_ir"] = None
+    for case in cases.values():
+        if reference is None or not reference.get("ok") or not case.get("ok"):
+            case["tokens_match_reference"] = None
             continue
+        ours, theirs = case["tokens"][0], reference["tokens"][0]
         same = 0
-        for a, b in zip(case["tokens"], reference["tokens"], strict=False):
+        for a, b in zip(ours, theirs, strict=False):
             if a != b:
                 break
             same += 1
-        compared = min(len(case["tokens"]), len(reference["tokens"]))
-        case["tokens_match_ir"] = {"leading_identical": same, "of": compared}
+        case["tokens_match_reference"] = {
+            "leading_identical": same,
+            "of": min(len(ours), len(theirs)),
+        }
+
+
+def _model_summary(model: BenchModel) -> dict[str, Any]:
+    cfg = ModelConfig.from_dir(model.path)
+    return {
+        "path": str(model.path),
+        "layers": cfg.num_layers,
+        "hidden": cfg.hidden_size,
+        "vocab": cfg.vocab_size,
+        "tied_embeddings": cfg.tie_word_embeddings,
+        "export_max_seq_len": export_max_seq_len(model),
+        "prompt_tokens": len(model.prompt_ids),
+    }
 
 
 def _report(
-    machine: dict, bandwidth: list[dict], cases: list[dict], tokens: int, args, wall_s: float
+    machine: dict,
+    bandwidth: list[dict],
+    results: dict,
+    args: argparse.Namespace,
+    watch: LoadWatch,
+    refused: str | None,
 ) -> dict[str, Any]:
     best = max(bandwidth, key=lambda b: b["bytes_per_s"])
-    for case in cases:
-        bound = best["bytes_per_s"] / case["bytes_per_token"]["total"]
-        case["bound_tokens_per_s"] = bound
-        case["achieved_over_bound"] = case["tokens_per_s"] / bound if case["ok"] else None
+    for model in results["models"].values():
+        for group in ("batch1", "batched"):
+            for case in model.get(group, {}).values():
+                traffic = case["traffic"]
+                bound = best["bytes_per_s"] * traffic["batch"] / traffic["bytes_per_step"]
+                case["bound_tokens_per_s"] = bound
+                ok = case.get("ok") and case.get("tokens_per_s")
+                case["fraction_of_bound"] = case["tokens_per_s"] / bound if ok else None
+    peers = {
+        ORTGENAI: peer_version(args.ortgenai_python, ORTGENAI),
+        f"onnxruntime (with {ORTGENAI})": peer_version(args.ortgenai_python, "onnxruntime"),
+        LLAMA_CPP_DISTRIBUTION: peer_version(args.llama_cpp_python, LLAMA_CPP_DISTRIBUTION),
+    }
     return {
         "benchmark": "decode",
+        "refused": refused,
         "settings": {
-            "batch": 1,
+            "models": args.models,
+            "engines": args.engines,
+            "parts": args.parts,
             "greedy": True,
             "ignore_eos": True,
-            "new_tokens": tokens,
-            "warmup_tokens": min(WARMUP_TOKENS, tokens),
-            "runs": RUNS,
+            "new_tokens": args.tokens,
+            "prompt_tokens": PROMPT_LEN,
+            "batch": args.batch,
+            "warmup_tokens": min(WARMUP_TOKENS, args.tokens),
+            "runs": args.runs,
+            "statistic": "median",
             "decode_budget_s": DECODE_BUDGET_S,
             "reduced_budget_s": REDUCED_BUDGET_S,
-            "ort_variants": args.variants.split(","),
-            "statistic": "median",
             "threads": args.threads,
-            "export_max_seq_len": MAX_SEQ_LEN,
+            "weights": "RTN int4 g32 symmetric, lm_head included",
+            "matmul_accuracy_level": MATMUL_ACCURACY_LEVEL,
+            "kv_bytes_per_element": KV_BYTES,
             "kv_block_size": KV_BLOCK_SIZE,
+            "prefill": {
+                "models": args.prefill_models,
+                "prompts": args.prefill_prompts,
+                "tokens_per_prompt": args.prefill_len,
+                "packed_prompts": PACKED_PROMPTS,
+            },
+            "profile": {"tokens": min(args.tokens, PROFILE_TOKENS), "skip": PROFILE_SKIP_STEPS},
             "quick": args.quick,
         },
-        "machine": machine,
+        "machine": machine | {"peer_versions": peers},
         "bandwidth": {"runs": bandwidth, "bytes_per_s": best["bytes_per_s"]},
-        "cases": cases,
-        "wall_s": wall_s,
+        "host_load": watch.record(),
+        "results": results,
     }
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated model names")
-    parser.add_argument("--tokens", type=int, default=128, help="new tokens per run")
-    parser.add_argument("--quick", action="store_true", help="pydoc-16m only, 32 tokens")
+    parser.add_argument("--tokens", type=int, default=128, help="new tokens per sequence")
+    parser.add_argument("--batch", type=int, default=32, help="sequences decoding together")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per case (median)")
+    parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated engines")
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts")
+    parser.add_argument("--prefill-models", default="pydoc-16m", help="models of the prefill part")
+    parser.add_argument("--prefill-prompts", type=int, default=32)
+    parser.add_argument("--prefill-len", type=int, default=256, help="tokens per prefill prompt")
     parser.add_argument(
-        "--variants",
-        default=",".join(DEFAULT_VARIANTS),
-        help=f"ingot ONNX Runtime variants (known: {', '.join(ORT_VARIANTS)})",
+        "--quick",
+        action="store_true",
+        help="smoke run: pydoc-16m, 16 tokens, batch 4, 1 run, small prefill; to a temp dir",
     )
     parser.add_argument(
         "--wait-idle",
@@ -260,17 +435,48 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="directory holding pydoc-16m (default: %(default)s)",
     )
     parser.add_argument(
+        "--eval-text",
+        type=Path,
+        default=data_dir() / "pydoc-eval.txt",
+        metavar="FILE",
+        help="text of pydoc-16m's batched and prefill prompts (default: %(default)s)",
+    )
+    for peer, flag in ((ORTGENAI, "--ortgenai-python"), (LLAMA_CPP, "--llama-cpp-python")):
+        parser.add_argument(
+            flag,
+            type=Path,
+            default=peer_python(peer),
+            metavar="PATH",
+            help=f"{peer}'s interpreter (default: %(default)s, made by "
+            f"benchmarks/peers/setup.sh {peer})",
+        )
+    parser.add_argument(
         "--threads",
         type=int,
         default=DEFAULT_THREADS,
         help="intra-op threads of every engine and of the bandwidth probe (default: %(default)s)",
     )
-    parser.add_argument("--out-dir", type=Path, default=HERE / "results", metavar="DIR")
-    return parser.parse_args(argv)
+    parser.add_argument("--out-dir", type=Path, default=None, metavar="DIR")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models = "pydoc-16m"
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    if args.out_dir is None:
+        quick_dir = Path(tempfile.gettempdir()) / "ingot-decode-quick"
+        args.out_dir = quick_dir if args.quick else HERE / "results"
+    for name, known in (("models", MODELS), ("engines", ENGINES), ("parts", PARTS)):
+        values = getattr(args, name).split(",")
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            parser.error(f"--{name}: unknown {unknown} (known: {', '.join(known)})")
+        setattr(args, name, values)
+    args.prefill_models = args.prefill_models.split(",")
+    return args
 
 
 def _wait_idle(limit_s: float) -> float:
-    """Wait (up to limit_s) until other work leaves the CPU: the engines need both cores."""
+    """Wait (up to limit_s) until other work leaves the CPU: the engines need every core."""
     started = time.perf_counter()
     while time.perf_counter() - started < limit_s and os.getloadavg()[0] >= 1.0:
         _log(f"waiting for an idle host (1-min load {os.getloadavg()[0]:.1f})")
@@ -279,7 +485,7 @@ def _wait_idle(limit_s: float) -> float:
 
 
 def _log(message: str) -> None:
-    print(f"[decode] {message}", file=sys.stderr, flush=True)
+    print(f"[decode] {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

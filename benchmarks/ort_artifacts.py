@@ -1,12 +1,17 @@
-"""The ingot artifacts the decode benchmark runs on ONNX Runtime, as worker specs.
+"""The ingot artifact the decode benchmark runs, as a worker spec, and where its GGUF lies.
 
-Artifacts are built from recipes written on the fly, with the stage cache and outputs under
-the benchmark cache (outside the repository), so a second run rebuilds nothing.
+One recipe for every model: RTN int4 g32 symmetric on every linear, lm_head included; the
+ONNX Runtime CPU engine at level `extended` with MatMulNBits accuracy level 4 (int8
+activations, what onnxruntime-genai and llama.cpp use on CPU); and, where this ingot has the
+format, `interop: [gguf]`: the same quantized weights as llama.cpp's Q4_0, for the llama.cpp
+rows. The recipe is written on the fly; the stage cache and outputs live under the benchmark
+cache (outside the repository), so a second run rebuilds nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import shutil
 from functools import cache
@@ -15,68 +20,56 @@ from typing import Any
 
 from bench_models import BenchModel
 from paths import bench_cache_dir
-from traffic import FLOAT32, WeightFormat
 
 __all__ = [
-    "DEFAULT_VARIANTS",
     "KV_BLOCK_SIZE",
-    "MAX_SEQ_LEN",
-    "ORT_VARIANTS",
-    "WHAT_IF_ACCURACY_LEVEL",
+    "MATMUL_ACCURACY_LEVEL",
+    "OPTIMIZATION_LEVEL",
+    "VARIANT",
     "build_spec",
+    "export_max_seq_len",
+    "find_gguf",
+    "gguf_available",
     "ingot_code_fingerprint",
     "prune_stale_caches",
-    "what_if_engine_spec",
 ]
 
-MAX_SEQ_LEN = 512
+MAX_SEQ_LEN = 1024  # at most: the prompts and outputs of every case fit; pydoc-16m's maximum
 KV_BLOCK_SIZE = 16
 OPTIMIZATION_LEVEL = "extended"  # what recipes/demo.yaml ships (level "all" pins the CPU ISA)
-
-# name -> (layer weights, lm_head weights). The target is judged on int4-g32 (lm_head float).
-ORT_VARIANTS = {
-    "int4-g32": (WeightFormat(bits=4, group_size=32), FLOAT32),
-    "int8-pc": (WeightFormat(bits=8, group_size=-1), FLOAT32),
-    # A tied lm_head quantizes to its own int8 copy; the float embedding is still read one row.
-    "int4-g32-lm_head-int8": (WeightFormat(bits=4, group_size=32), WeightFormat(bits=8)),
-}
-DEFAULT_VARIANTS = ("int4-g32", "int8-pc")
-
-# The engine builder pins MatMulNBits to accuracy level 0 (fp32 activations, the graph's exact
-# semantics) and recipes cannot change it. Level 4 (int8 activations per block) is ORT's own
-# default: the what-if rows rebuild the engine from the artifact's exported graph at level 4
-# to show what that choice costs. They are not artifacts (no manifest, not verifiable).
-WHAT_IF_ACCURACY_LEVEL = 4
+MATMUL_ACCURACY_LEVEL = 4
+VARIANT = "int4-g32-acc4"  # the artifact's name suffix
 
 
-def build_spec(model: BenchModel, variant: str, tmp: Path, threads: int) -> dict[str, Any]:
-    """Worker spec that builds the artifact of `variant` (the recipe is written into tmp), its
-    engine running on `threads` threads."""
-    layers, lm_head = ORT_VARIANTS[variant]
-    recipe = tmp / f"{model.name}-{variant}.yaml"
-    recipe.write_text(json.dumps(_recipe(model, variant, layers, lm_head, threads), indent=2))
+def export_max_seq_len(model: BenchModel) -> int:
+    config = json.loads((model.path / "config.json").read_text())
+    return min(MAX_SEQ_LEN, config["max_position_embeddings"])
+
+
+def gguf_available() -> bool:
+    """Whether this ingot writes GGUF (`interop: [gguf]`)."""
+    from ingot.pipeline.interop import FORMATS
+
+    return "gguf" in FORMATS and importlib.util.find_spec("ingot.pipeline.interop.gguf") is not None
+
+
+def build_spec(model: BenchModel, tmp: Path, threads: int, interop: list[str]) -> dict[str, Any]:
+    """Worker spec that builds the artifact (the recipe is written into tmp), its engine running
+    on `threads` threads, with the `interop` formats."""
+    recipe = tmp / f"{model.name}-{VARIANT}.yaml"
+    recipe.write_text(json.dumps(_recipe(model, threads, interop), indent=2))
     return {
         "kind": "build",
         "recipe": str(recipe),
-        "out": str(bench_cache_dir() / "artifacts" / f"{model.name}-{variant}"),
+        "out": str(bench_cache_dir() / "artifacts" / f"{model.name}-{VARIANT}"),
         "cache": str(bench_cache_dir() / "stage-cache" / ingot_code_fingerprint()),
     }
 
 
-def what_if_engine_spec(
-    artifact: str, digest: str, accuracy_level: int, threads: int
-) -> dict[str, Any]:
-    """Worker spec that re-optimizes the artifact's exported graph at another accuracy level."""
-    key = f"{digest.removeprefix('sha256:')[:16]}-{ingot_code_fingerprint()}"
-    out = bench_cache_dir() / "what-if-engines" / key
-    return {
-        "kind": "engine",
-        "onnx": str(Path(artifact) / "model.onnx"),
-        "out": str(out / f"accuracy-{accuracy_level}"),
-        "optimization_level": OPTIMIZATION_LEVEL,
-        "intra_op_num_threads": threads,
-        "matmul_accuracy_level": accuracy_level,
-    }
+def find_gguf(artifact: str | Path) -> Path | None:
+    """The GGUF file the `gguf` interop format wrote into the artifact, if any."""
+    files = sorted((Path(artifact) / "interop" / "gguf").glob("*.gguf"))
+    return files[0] if files else None
 
 
 @cache
@@ -97,52 +90,42 @@ def ingot_code_fingerprint() -> str:
 
 
 def prune_stale_caches() -> list[str]:
-    """Remove stage caches and what-if engines built by other versions of the code (GBs each)."""
+    """Remove stage caches built by other versions of the code (GBs each), and the what-if
+    engines of earlier versions of this benchmark."""
     current = ingot_code_fingerprint()
-    stale = [
-        *(p for p in (bench_cache_dir() / "stage-cache").glob("*") if p.name != current),
-        *(
-            p
-            for p in (bench_cache_dir() / "what-if-engines").glob("*")
-            if not p.name.endswith(current)
-        ),
-    ]
+    stale = [p for p in (bench_cache_dir() / "stage-cache").glob("*") if p.name != current]
+    stale += [p for p in [bench_cache_dir() / "what-if-engines"] if p.exists()]
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return [str(p) for p in stale]
 
 
-def _recipe(
-    model: BenchModel, variant: str, layers: WeightFormat, lm_head: WeightFormat, threads: int
-) -> dict:
-    quantize = [_quantize_entry(layers, ["re:layers\\..*"])]
-    if lm_head.bits is None:
-        quantize[0]["ignore"] = ["lm_head"]
-    else:
-        # ignore: [] because rtn ignores lm_head unless told otherwise.
-        quantize.append(_quantize_entry(lm_head, ["lm_head"]) | {"ignore": []})
-    return {  # JSON is YAML: the recipe loader reads it as is
+def _recipe(model: BenchModel, threads: int, interop: list[str]) -> dict:
+    recipe = {  # JSON is YAML: the recipe loader reads it as is
         "source": {"path": str(model.path)},
-        "quantize": quantize,
+        "quantize": [
+            {
+                "method": "rtn",
+                "bits": 4,
+                "group_size": 32,
+                "symmetric": True,
+                "targets": ["re:.*"],
+                "ignore": [],  # rtn ignores lm_head unless told otherwise
+            }
+        ],
         "kv_cache": {"dtype": "fp32", "block_size": KV_BLOCK_SIZE},
-        "export": {"max_seq_len": MAX_SEQ_LEN},
+        "export": {"max_seq_len": export_max_seq_len(model)},
         "targets": [
             {
                 "engine": "onnxruntime",
                 "device": "cpu",
                 "optimization_level": OPTIMIZATION_LEVEL,
                 "intra_op_num_threads": threads,
+                "matmul_accuracy_level": MATMUL_ACCURACY_LEVEL,
             }
         ],
-        "artifact": {"name": f"bench-{model.name}-{variant}", "version": "0.0.0"},
+        "artifact": {"name": f"bench-{model.name}-{VARIANT}", "version": "0.0.0"},
     }
-
-
-def _quantize_entry(fmt: WeightFormat, targets: list[str]) -> dict:
-    return {
-        "method": "rtn",
-        "bits": fmt.bits,
-        "group_size": fmt.group_size,
-        "symmetric": fmt.symmetric,
-        "targets": targets,
-    }
+    if interop:
+        recipe["interop"] = list(interop)
+    return recipe
