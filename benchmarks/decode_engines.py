@@ -213,7 +213,14 @@ def load_llama_cpp(
                 times[s].append(now)
         return start, list(zip(tokens, times, strict=True))
 
-    run.info = _llama_info(lib, model)  # type: ignore[attr-defined]
+    run.info = _llama_info(lib, model) | {  # type: ignore[attr-defined]
+        "n_ctx": lib.llama_n_ctx(ctx),
+        "context_params": {
+            name: int(getattr(params, name))
+            for name in ("n_batch", "n_ubatch", "n_seq_max", "type_k", "type_v", "flash_attn_type")
+            if hasattr(params, name)
+        },
+    }
     return run
 
 
