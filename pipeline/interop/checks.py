@@ -2,7 +2,9 @@
 
 Each format stores what it can: GPTQ v1 one bits / group size / symmetry for every decoder
 linear; AWQ GEMM 4-bit with zero points in groups; compressed-tensors anything integer.
-Packing into int32 needs widths divisible by the values per word.
+Packing into int32 needs widths divisible by the values per word. GGUF holds any weights (what
+its blocks cannot hold is written as F16), but llama.cpp must be able to run the model: no
+sliding window, no dynamic NTK RoPE.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from ..model.selection import selected
 from ..recipe import Quantize, Recipe
 from ..recipe.errors import format_problem
 
-__all__ = ["interop_problems"]
+__all__ = ["gguf_model_problems", "interop_problems"]
 
 
 def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
@@ -36,6 +38,26 @@ def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
             problems += _gptq(j, recipe, modules, entry_of)
         if fmt in ("awq", "gptq"):
             problems += _widths(j, fmt, recipe, entry_of, cfg)
+        if fmt == "gguf":
+            problems += [f"interop.{j}: {p}" for p in gguf_model_problems(cfg)]
+    return problems
+
+
+def gguf_model_problems(cfg: ModelConfig) -> list[str]:
+    """What llama.cpp cannot run as this model computes it (the GGUF writer refuses the same)."""
+    problems = []
+    if cfg.rope.type not in ("default", "linear", "llama3"):
+        problems.append(
+            f"gguf: llama.cpp has no {cfg.rope.type!r} RoPE scaling (config.json rope_type "
+            f"{cfg.rope.type!r}; llama.cpp runs default, linear and llama3)"
+        )
+    window = cfg.sliding_window
+    if window is not None and window < cfg.max_position_embeddings:
+        problems.append(
+            "gguf: llama.cpp runs this model without sliding-window attention (config.json "
+            f"sliding_window = {window}, below max_position_embeddings = "
+            f"{cfg.max_position_embeddings})"
+        )
     return problems
 
 

@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 __all__ = ["InteropFormat"]
 
 
-InteropFormat = Literal["gptq", "awq", "compressed-tensors"]
+InteropFormat = Literal["gptq", "awq", "compressed-tensors", "gguf"]
 
 
 def _check_unique_formats(formats: list[str]) -> list[str]:
