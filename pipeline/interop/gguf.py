@@ -266,6 +266,11 @@ def _vocab(source: Path, cfg: ModelConfig) -> _Vocab:
             "byte-level BPE tokenizers (GPT-2 / Llama 3 / Qwen2 style) only"
         )
     pre = _pre_tokenizer(spec.get("pre_tokenizer"), file)
+    if bool(model.get("ignore_merges")) != (pre == "llama-bpe"):  # llama.cpp ties it to `pre`
+        raise InteropError(
+            f"interop gguf: {file}: ignore_merges {bool(model.get('ignore_merges'))} with a "
+            f"{pre} pre-tokenizer; llama.cpp ignores merges with Llama 3's (only)"
+        )
     if (spec.get("normalizer") or {}).get("type", "NFC") != "NFC":
         raise InteropError(
             f"interop gguf: {file} has a {spec['normalizer']['type']} normalizer, which "

@@ -321,6 +321,7 @@ def _retokenize(checkpoint: Path, tmp: Path, edit) -> Path:
         (lambda s: s["model"].update(byte_fallback=True), "SentencePiece-style"),
         (lambda s: s.update(pre_tokenizer={"type": "Whitespace"}), "pre_tokenizer"),
         (lambda s: s.update(normalizer={"type": "Lowercase"}), "Lowercase normalizer"),
+        (lambda s: s["model"].update(ignore_merges=True), "ignore_merges True"),
     ],
 )
 def test_refuses_tokenizers_llama_cpp_cannot_run(tmp_path, checkpoint, edit, match):
@@ -438,6 +439,62 @@ def test_llama_cpp_logits_match_the_ir(tmp_path, variant):
     err = float(np.abs(got - want).max() / want.std())
     agree = float((got.argmax(-1) == want.argmax(-1)).mean())
     assert err < 0.5 and agree >= 0.85, (variant, err, agree)
+
+
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+    r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+TRICKY = (
+    "I'm 12345 x3.14 -- we'VE\n\n\tdone  it!  \u00e9t\u00e9 \U0001f999 def f(a,b):\n    return a+b"
+)
+
+
+def _tokenizer(tmp: Path, split: str | None) -> Path:
+    """The fixture's corpus trained as byte-level BPE with GPT-2's regex (split None) or a
+    Llama 3 / Qwen2 Split before a regex-free ByteLevel, as their tokenizer.json files have."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    import fixtures
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split is None)
+    tok = Tokenizer(models.BPE(ignore_merges=split == LLAMA3_SPLIT))
+    tok.pre_tokenizer = (
+        byte_level
+        if split is None
+        else pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(split), behavior="isolated"), byte_level]
+        )
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # Numbers often enough to become tokens where the split lets digits merge (Llama 3: 1-3).
+    tok.train_from_iterator([*fixtures._CORPUS, TRICKY, "12345 2024 " * 16], trainer)
+    tok.save(str(tmp / "tokenizer.json"))
+    return tmp / "tokenizer.json"
+
+
+@pytest.mark.parametrize(
+    ("split", "pre"), [(None, "gpt-2"), (LLAMA3_SPLIT, "llama-bpe"), (QWEN2_SPLIT, "qwen2")]
+)
+def test_llama_cpp_tokenizes_as_the_tokenizer_json(tmp_path, checkpoint, split, pre):
+    from tokenizers import Tokenizer
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, ckpt)
+    file = _tokenizer(ckpt, split)
+    ir = _ir(tmp_path, ckpt, {"bits": 4, "group_size": 32})
+    write_interop("gguf", ir, ckpt, tmp_path / "gguf")
+    path = tmp_path / "gguf" / GGUF_FILE
+    assert _field(gguf.GGUFReader(path), "tokenizer.ggml.pre") == pre
+    want = Tokenizer.from_file(str(file)).encode(TRICKY, add_special_tokens=False).ids
+    assert _llama(path).tokenize(TRICKY.encode(), add_bos=False) == want
 
 
 def _demo_recipe(tmp: Path, text: Path) -> Path:
