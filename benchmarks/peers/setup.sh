@@ -6,7 +6,9 @@
 #
 # PYTHON picks the base interpreter (default python3). A file that pins torch gets it installed
 # first, alone, so the rest resolves against it; set TORCH_INDEX_URL (for example
-# https://download.pytorch.org/whl/cpu) to take it from the CPU-only index.
+# https://download.pytorch.org/whl/cpu) to take it from the CPU-only index. A line
+# `#setup.sh: uninstall PKG...` in the file removes those packages after the install (a peer's
+# dependencies whose wheels do not match the pinned torch: vllm).
 # The benchmarks find these virtualenvs by default (paths.peer_python); --<peer>-python
 # options point elsewhere.
 set -euo pipefail
@@ -36,4 +38,9 @@ for peer in "$@"; do
         "$venv/bin/python" -m pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$torch_pin"
     fi
     "$venv/bin/python" -m pip install -r "$requirements"
+    uninstall="$(sed -n 's/^#setup\.sh: uninstall //p' "$requirements")"
+    if [ -n "$uninstall" ]; then
+        # shellcheck disable=SC2086 # one package per word
+        "$venv/bin/python" -m pip uninstall -y $uninstall
+    fi
 done
