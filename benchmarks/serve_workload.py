@@ -118,6 +118,9 @@ def summarize(timings: list[RequestTiming]) -> dict[str, Any]:
         "completed": len(done),
         "prompt_tokens": sum(t.prompt_tokens for t in done),
         "output_tokens": output_tokens,
+        # Timed arrivals: fewer than output_tokens where a server sends several tokens a chunk
+        # (ITL then counts the gaps between chunks; TPOT is unaffected).
+        "streamed_chunks": sum(len(t.token_times) for t in done),
         "makespan_s": makespan,
         "output_tokens_per_s": output_tokens / makespan if makespan else None,
         "ttft_s": _percentiles(ttft),
