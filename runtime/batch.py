@@ -26,27 +26,22 @@ class Batch:
     block_tables: np.ndarray  # [S, MB] int64, 0 where padded (masked)
     context_lens: np.ndarray  # [S] int64: tokens already in the pool
     attention_mask: np.ndarray  # [S, 1, Q, MB*B + Q] bool, True = attend
-    slots: list[np.ndarray]  # per sequence [n_s] int64 pool slots of its new tokens
-
-    @property
-    def num_new(self) -> list[int]:
-        return [len(s) for s in self.slots]
-
-    def last_logits(self, logits: np.ndarray) -> np.ndarray:
-        """logits [S, Q, V] -> [S, V] at each sequence's last real token."""
-        last = np.asarray(self.num_new, dtype=np.int64) - 1
-        return logits[np.arange(len(last)), last]
+    logits_indices: np.ndarray  # [S] int64: row s*Q + n_s - 1, each sequence's last new token
+    slots: np.ndarray  # [T] int64 pool slots of every real new token, sequence by sequence
+    real_rows: np.ndarray | None  # [T] their rows in the call's S*Q; None: every row is real
 
     def write_kv(self, pool: KVPool, new_kv: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
-        """Scatter the real rows of each layer's new_k, new_v [S, Q, Hkv, D] into the pool.
+        """Scatter the real rows of each layer's new_k, new_v [S, Q, Hkv*D] (older engines:
+        [S, Q, Hkv, D]) into the pool.
 
         Padded rows are never written: their slots would belong to someone else.
         """
-        seq = np.concatenate([np.full(n, s, dtype=np.int64) for s, n in enumerate(self.num_new)])
-        row = np.concatenate([np.arange(n, dtype=np.int64) for n in self.num_new])
-        slots = np.concatenate(self.slots)  # [N]
+        rows, calls = self.real_rows, self.input_ids.size
         for layer, (k, v) in enumerate(new_kv):
-            pool.write(slots, layer, k[seq, row], v[seq, row])  # [N, Hkv, D]
+            k, v = k.reshape(calls, -1), v.reshape(calls, -1)  # [S*Q, Hkv*D]
+            if rows is not None:
+                k, v = k[rows], v[rows]
+            pool.write(self.slots, layer, k, v)  # [T, Hkv*D]
 
 
 def build_inputs(
@@ -110,4 +105,18 @@ def build_inputs(
     new[pad_s, pad_q, pad_q] = True
 
     mask = np.concatenate([past, new], axis=-1)[:, None]  # [S, 1, Q, K + Q]
-    return Batch(input_ids, positions, block_tables, context_lens, mask, slots)
+    first_row = np.arange(num_seqs, dtype=np.int64) * q_len  # [S]
+    logits_indices = first_row + num_new - 1
+    real_rows = None
+    if not real_query.all():
+        real_rows = np.concatenate([first_row[s] + np.arange(n) for s, n in enumerate(num_new)])
+    return Batch(
+        input_ids,
+        positions,
+        block_tables,
+        context_lens,
+        mask,
+        logits_indices,
+        np.concatenate(slots),
+        real_rows,
+    )

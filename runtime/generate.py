@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ingot.runtime.batch import build_inputs
+from ingot.runtime.batch import Batch, build_inputs
 from ingot.runtime.kv_pool import KVPool, OutOfBlocks
 from ingot.runtime.logits import LogitsProcessor
 from ingot.runtime.outputs import Completion, SchedulerStats, StepOutput
@@ -58,14 +58,9 @@ class RequestError(ValueError):
 class ModelRunner(Protocol):
     """What the loop needs of an engine session (EngineSession, or a fake in tests)."""
 
-    def run(
-        self,
-        input_ids: np.ndarray,
-        positions: np.ndarray,
-        block_tables: np.ndarray,
-        context_lens: np.ndarray,
-        attention_mask: np.ndarray,
-    ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]: ...
+    def run(self, batch: Batch) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """logits [N, V] of the batch's logits_indices rows; per layer new (K, V)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,15 +290,8 @@ class Generator:
     def _run(self, chunks: list[Chunk]) -> list[StepOutput]:
         seqs = [(c.seq.table, c.token_ids, c.start) for c in chunks]
         inputs = build_inputs(seqs, self.config.sliding_window)
-        logits, new_kv = self.session.run(
-            inputs.input_ids,
-            inputs.positions,
-            inputs.block_tables,
-            inputs.context_lens,
-            inputs.attention_mask,
-        )
+        last, new_kv = self.session.run(inputs)  # [S, V]: each sequence's last new token
         inputs.write_kv(self.pool, new_kv)
-        last = inputs.last_logits(logits)  # [S, V]
         outputs = []
         for s, chunk in enumerate(chunks):
             self.scheduler.cache_computed_blocks(chunk.seq)

@@ -244,8 +244,9 @@ class KVPool:
         self.k = [np.zeros(shape, dtype) for _ in range(num_layers)]
         self.v = [np.zeros(shape, dtype) for _ in range(num_layers)]
         # Reshapes of contiguous arrays are views: writing through them writes the pool.
-        self._k_flat = [a.reshape(num_blocks * block_size, num_kv_heads, head_dim) for a in self.k]
-        self._v_flat = [a.reshape(num_blocks * block_size, num_kv_heads, head_dim) for a in self.v]
+        # [NB*B, Hkv*D] views: a slot is one row, whatever shape the new K/V come in.
+        self._k_flat = [a.reshape(num_blocks * block_size, -1) for a in self.k]
+        self._v_flat = [a.reshape(num_blocks * block_size, -1) for a in self.v]
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
         # One per pool: every generator on this pool must see the same cached blocks.
@@ -306,6 +307,8 @@ class KVPool:
         return BlockTable(self.allocator, self.block_size)
 
     def write(self, slots: np.ndarray, layer: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Scatter k, v [n, Hkv, D] into `slots` [n] of `layer` (cast to the pool dtype)."""
-        self._k_flat[layer][slots] = k
-        self._v_flat[layer][slots] = v
+        """Scatter k, v [n, Hkv*D] (or [n, Hkv, D]) into `slots` [n] of `layer` (cast to the
+        pool dtype)."""
+        n = len(slots)
+        self._k_flat[layer][slots] = k.reshape(n, -1)
+        self._v_flat[layer][slots] = v.reshape(n, -1)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from ingot.runtime.batch import Batch
 from ingot.runtime.kv_pool import KVPool
 
 __all__ = ["EngineSession", "SessionError"]
@@ -18,8 +19,16 @@ _OPT_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-_STEP_INPUTS = ("input_ids", "positions", "block_tables", "context_lens", "attention_mask")
+_STEP_INPUTS = (
+    "input_ids",
+    "positions",
+    "block_tables",
+    "context_lens",
+    "attention_mask",
+    "logits_indices",
+)
 _ORT_TYPES = {np.dtype(np.float32): "tensor(float)", np.dtype(np.float16): "tensor(float16)"}
+_NUMPY_TYPES = {name: dtype.type for dtype, name in _ORT_TYPES.items()}
 
 
 class SessionError(RuntimeError):
@@ -33,7 +42,7 @@ class EngineSession:
     every write and no call ever copies the cache.
     """
 
-    __slots__ = ("_session", "_binding", "_pool_values", "_outputs", "num_layers")
+    __slots__ = ("_session", "_binding", "_pool_values", "_outputs", "_inputs", "num_layers")
 
     def __init__(
         self,
@@ -51,6 +60,10 @@ class EngineSession:
         )
         self.num_layers = pool.num_layers
         self._check_interface(pool)
+        # Engines exported before `logits_indices` existed return logits
+        # for every position; run() then picks the rows itself.
+        names = {i.name for i in self._session.get_inputs()}
+        self._inputs = [n for n in _STEP_INPUTS if n in names]
 
         self._binding = self._session.io_binding()
         self._pool_values = []  # keeps the OrtValues (and so the aliases) alive
@@ -64,28 +77,26 @@ class EngineSession:
                     raise SessionError(f"{name}: binding copied the pool array; it must alias it")
                 self._binding.bind_ortvalue_input(name, value)
                 self._pool_values.append(value)
-        self._outputs = ["logits"] + [
+        names = ["logits"] + [
             f"new_{kv}_{layer}" for layer in range(pool.num_layers) for kv in ("k", "v")
         ]
+        self._outputs = _OutputBuffers(self._session, names)
 
-    def run(
-        self,
-        input_ids: np.ndarray,
-        positions: np.ndarray,
-        block_tables: np.ndarray,
-        context_lens: np.ndarray,
-        attention_mask: np.ndarray,
-    ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
-        """logits [S, Q, V] float32 and per layer (new_k, new_v) [S, Q, Hkv, D]."""
-        arrays = (input_ids, positions, block_tables, context_lens, attention_mask)
-        for name, array in zip(_STEP_INPUTS, arrays, strict=True):
-            self._binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        # Outputs change shape every call: rebind so ORT allocates them to this call's shape.
-        self._binding.clear_binding_outputs()
-        for name in self._outputs:
-            self._binding.bind_output(name, "cpu")
+    def run(self, batch: Batch) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """logits [N, V] float32 for the batch's `logits_indices` rows, and per layer
+        (new_k, new_v) [S, Q, Hkv*D].
+
+        The arrays are the session's output buffers, valid until the next call: read them
+        (sample, scatter the K/V) before running again.
+        """
+        bind = self._binding.bind_cpu_input
+        for name in self._inputs:
+            bind(name, getattr(batch, name))  # build_inputs makes them contiguous
+        s, q = batch.input_ids.shape
+        logits, *kv = self._outputs.bind(self._binding, S=s, Q=q, N=len(batch.logits_indices))
         self._session.run_with_iobinding(self._binding)
-        logits, *kv = self._binding.copy_outputs_to_cpu()
+        if logits.ndim == 3:  # an engine without logits_indices: [S, Q, V]
+            logits = logits.reshape(-1, logits.shape[-1])[batch.logits_indices]
         return logits, [(kv[2 * i], kv[2 * i + 1]) for i in range(self.num_layers)]
 
     def end_profiling(self) -> str:
@@ -97,9 +108,8 @@ class EngineSession:
         outputs = {o.name for o in self._session.get_outputs()}
         pool_inputs = [f"{kv}_pool_{i}" for i in range(pool.num_layers) for kv in ("k", "v")]
         new_kv = [f"new_{kv}_{i}" for i in range(pool.num_layers) for kv in ("k", "v")]
-        problems = [
-            f"missing input {n!r}" for n in (*_STEP_INPUTS, *pool_inputs) if n not in inputs
-        ]
+        required = [n for n in _STEP_INPUTS if n != "logits_indices"]
+        problems = [f"missing input {n!r}" for n in (*required, *pool_inputs) if n not in inputs]
         problems += [f"missing output {n!r}" for n in ("logits", *new_kv) if n not in outputs]
         expected = _ORT_TYPES.get(pool.dtype)
         for name in pool_inputs:
@@ -107,6 +117,39 @@ class EngineSession:
                 problems.append(f"input {name!r} is {inputs[name].type}, the pool is {expected}")
         if problems:
             raise SessionError("engine graph interface mismatch: " + "; ".join(problems))
+
+
+class _OutputBuffers:
+    """numpy arrays ORT writes a call's outputs into, bound while the call's shape (S, Q, N)
+    repeats, as it does every decode step of a steady batch: no allocation, no binding and no
+    copy per step. A new shape allocates and binds new arrays."""
+
+    __slots__ = ("_specs", "_key", "_arrays")
+
+    def __init__(self, session: ort.InferenceSession, names: list[str]) -> None:
+        meta = {o.name: o for o in session.get_outputs()}
+        self._specs = []
+        for name in names:
+            dims = list(meta[name].shape)
+            unknown = [d for d in dims if not isinstance(d, int) and d not in ("S", "Q", "N")]
+            if unknown or meta[name].type not in _NUMPY_TYPES:
+                raise SessionError(f"output {name!r} is {meta[name].type} {dims}: not bindable")
+            self._specs.append((name, _NUMPY_TYPES[meta[name].type], dims))
+        self._key: tuple[int, ...] | None = None
+        self._arrays: list[np.ndarray] = []
+
+    def bind(self, binding: ort.IOBinding, **dims: int) -> list[np.ndarray]:
+        key = tuple(dims.values())
+        if key != self._key:
+            binding.clear_binding_outputs()
+            self._arrays = []
+            for name, dtype, shape in self._specs:
+                concrete = [dims[d] if isinstance(d, str) else d for d in shape]
+                array = np.empty(concrete, dtype)
+                binding.bind_output(name, "cpu", 0, dtype, concrete, array.ctypes.data)
+                self._arrays.append(array)
+            self._key = key
+        return self._arrays
 
 
 def _session_options(recorded: dict[str, Any]) -> ort.SessionOptions:

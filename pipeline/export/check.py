@@ -444,10 +444,16 @@ class _PagedCache:
             "block_tables": self.tables,
             "context_lens": np.asarray(context, dtype=np.int64),
             "attention_mask": mask,
+            "logits_indices": np.arange(s_count * q, dtype=np.int64),  # every row
             **self.pools,
         }
         names = [o.name for o in self.session.get_outputs()]
         out = dict(zip(names, self.session.run(names, feed), strict=True))
+        for key in ("logits", "hidden"):  # [S*Q, X] -> [S, Q, X]
+            out[key] = out[key].reshape(s_count, q, -1)
+        hkv, d = self.pools["k_pool_0"].shape[2:]
+        for key in [n for n in names if n.startswith("new_")]:  # [S, Q, Hkv*D] -> [..., Hkv, D]
+            out[key] = out[key].reshape(s_count, q, hkv, d)
         for s, (chunk, ctx) in enumerate(zip(chunks, context, strict=True)):
             slots = ctx + np.arange(len(chunk))
             blocks, offsets = self.tables[s, slots // self.block], slots % self.block

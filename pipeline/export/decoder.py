@@ -4,13 +4,18 @@ Graph interface (the contract with the runtime; see docs/design.md, "Graph inter
 
     inputs   input_ids [S, Q] int64, positions [S, Q] int64,
              k_pool_{l}, v_pool_{l} [NB, B, Hkv, D] (kv dtype), block_tables [S, MB] int64,
-             context_lens [S] int64, attention_mask [S, 1, Q, MB*B + Q] bool (True = attend)
-    outputs  logits [S, Q, V] f32, hidden [S, Q, hidden] f32 (final-norm output),
-             new_k_{l}, new_v_{l} [S, Q, Hkv, D] (kv dtype; K already rotated)
+             context_lens [S] int64, attention_mask [S, 1, Q, MB*B + Q] bool (True = attend),
+             logits_indices [N] int64 (rows of the call's S*Q tokens, s*Q + q, to compute
+             logits for)
+    outputs  logits [N, V] f32, hidden [N, hidden] f32 (final-norm output of those rows),
+             new_k_{l}, new_v_{l} [S, Q, Hkv*D] (kv dtype; K already rotated)
 
 The graph never writes the pool: the runtime scatters new_k/new_v by slot, so rejected draft
 tokens are simply never written. The mask carries causality, context lengths, padding and any
 sliding window, so the graph needs no notion of them and ``Attention`` never uses ``is_causal``.
+Attention runs on 3-D [S, T, H*D] tensors (``q_num_heads`` / ``kv_num_heads``), so no layer
+transposes its queries, keys, values or output; a decode step computes lm_head for one row
+per sequence, not for every position of the call.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from ..model.llama import LlamaModel
 from ..model.rope import inv_frequencies
 from .errors import ExportError
 from .graph import GraphBuilder
-from .weights import emit_linear
+from .weights import emit_linear, emit_linears
 
 __all__ = ["export_onnx", "OPSET", "MODEL_FILE", "DATA_FILE"]
 
@@ -113,7 +118,7 @@ def _validate(cfg: ModelConfig, max_seq_len: int, kv_dtype: str, kv_block_size: 
 
 def _build(g: GraphBuilder, src: LayerSource, max_seq_len: int, kv_type: int, bs: int) -> None:
     cfg = src.cfg
-    hq, hkv, d, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    hkv, d, h = cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
     ids = g.input("input_ids", TensorProto.INT64, ["S", "Q"])
     positions = g.input("positions", TensorProto.INT64, ["S", "Q"])
     pools = [
@@ -126,16 +131,14 @@ def _build(g: GraphBuilder, src: LayerSource, max_seq_len: int, kv_type: int, bs
     tables = g.input("block_tables", TensorProto.INT64, ["S", "MB"])
     g.input("context_lens", TensorProto.INT64, ["S"])  # the mask encodes it; kept for the runtime
     mask = g.input("attention_mask", TensorProto.BOOL, ["S", 1, "Q", "KV"])
+    rows = g.input("logits_indices", TensorProto.INT64, ["N"])
 
     # Shared constants. RoPE tables are computed exactly as the IR computes cos/sin.
     angles = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_frequencies(cfg)
     consts = _Shared(
         cos=g.array("rope.cos_cache", angles.cos().numpy()),  # [max_seq_len, D/2]
         sin=g.array("rope.sin_cache", angles.sin().numpy()),
-        q_heads=g.ints("shape.q_heads", [0, 0, hq, d]),
-        kv_heads=g.ints("shape.kv_heads", [0, 0, hkv, d]),
-        past=g.ints("shape.past", [0, -1, hkv, d]),
-        merged=g.ints("shape.merged", [0, 0, hq * d]),
+        past=g.ints("shape.past", [0, -1, hkv * d]),
     )
 
     # One part of the model alive at a time: each is written, then let go (`del`) before the
@@ -147,26 +150,23 @@ def _build(g: GraphBuilder, src: LayerSource, max_seq_len: int, kv_type: int, bs
         x = _layer(g, layer, i, x, positions, pools[i], tables, mask, consts, kv_type)
         del layer
 
+    # Only the rows the runtime samples from go through the final norm and lm_head.
+    flat = g.op("Reshape", [x, g.ints("shape.rows", [-1, h])], "hidden/Reshape")  # [S*Q, h]
+    picked = g.op("Gather", [flat, rows], "hidden/Gather", axis=0)  # [N, hidden]
     norm = src.final_norm()
-    hidden = _rms_norm(g, x, norm, "norm", out="hidden")  # [S, Q, hidden]
+    hidden = _rms_norm(g, picked, norm, "norm", out="hidden")  # [N, hidden]
     del norm
     if src.lm_head_tied:
         # Tied: reuse the embedding [V, hidden] through Gemm(transB) instead of storing W^T.
-        flat = g.op("Reshape", [hidden, g.ints("shape.rows", [-1, h])], "lm_head/Reshape")
-        logits2d = g.op("Gemm", [flat, embed], "lm_head/Gemm", transB=1)  # [S*Q, V]
-        sq = g.op("Shape", [ids], "lm_head/Shape")  # [2] = (S, Q)
-        out_shape = g.op(
-            "Concat", [sq, g.ints("shape.vocab", [cfg.vocab_size])], "lm_head/Concat", axis=0
-        )
-        g.op("Reshape", [logits2d, out_shape], "lm_head/Reshape", out="logits")
+        g.op("Gemm", [hidden, embed], "lm_head/Gemm", out="logits", transB=1)  # [N, V]
     else:
-        emit_linear(g, hidden, src.lm_head(), "lm_head", out="logits")
+        emit_linear(g, hidden, src.lm_head(), "lm_head", out="logits")  # [N, V]
 
-    g.output("logits", TensorProto.FLOAT, ["S", "Q", cfg.vocab_size])
-    g.output("hidden", TensorProto.FLOAT, ["S", "Q", h])
+    g.output("logits", TensorProto.FLOAT, ["N", cfg.vocab_size])
+    g.output("hidden", TensorProto.FLOAT, ["N", h])
     for i in range(cfg.num_layers):
-        g.output(f"new_k_{i}", kv_type, ["S", "Q", hkv, d])
-        g.output(f"new_v_{i}", kv_type, ["S", "Q", hkv, d])
+        g.output(f"new_k_{i}", kv_type, ["S", "Q", hkv * d])
+        g.output(f"new_v_{i}", kv_type, ["S", "Q", hkv * d])
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,10 +175,7 @@ class _Shared:
 
     cos: str  # [max_seq_len, D/2]
     sin: str
-    q_heads: str  # reshape targets
-    kv_heads: str
-    past: str
-    merged: str
+    past: str  # reshape target: gathered blocks -> [S, MB*B, Hkv*D]
 
 
 def _layer(g, layer, i, x, positions, pool, tables, mask, c: _Shared, kv_type) -> str:
@@ -186,44 +183,49 @@ def _layer(g, layer, i, x, positions, pool, tables, mask, c: _Shared, kv_type) -
     attn, name = layer.attn, f"layers.{i}"
     hq, hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
     a = f"{name}.attn"
+    fp32_kv = kv_type == TensorProto.FLOAT
     h = _rms_norm(g, x, layer.attn_norm, f"{name}.attn_norm")  # [S, Q, hidden]
-    q = emit_linear(g, h, attn.q_proj, f"{a}.q_proj")  # [S, Q, Hq*D]
-    k = emit_linear(g, h, attn.k_proj, f"{a}.k_proj")  # [S, Q, Hkv*D]
-    v = emit_linear(g, h, attn.v_proj, f"{a}.v_proj")  # [S, Q, Hkv*D]
+    projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+    # V is a graph output as it comes (fp32 pool); K is one after RoPE.
+    v_out = f"new_v_{i}" if fp32_kv else None
+    q, k, v = emit_linears(
+        g, h, projections, [f"{a}.{p}_proj" for p in "qkv"], f"{a}.qkv_proj", [None, None, v_out]
+    )  # [S, Q, Hq*D], [S, Q, Hkv*D], [S, Q, Hkv*D]
     # 3D RotaryEmbedding (num_heads attr) rotates [S, Q, H*D] in place of a reshape round trip.
     q = g.op("RotaryEmbedding", [q, c.cos, c.sin, positions], f"{a}/rope_q", num_heads=hq)
-    k = g.op("RotaryEmbedding", [k, c.cos, c.sin, positions], f"{a}/rope_k", num_heads=hkv)
-    q = g.op("Reshape", [q, c.q_heads], f"{a}/q_heads")  # [S, Q, Hq, D]
-    q = g.op("Transpose", [q], f"{a}/q_bhsd", perm=[0, 2, 1, 3])  # [S, Hq, Q, D]
+    k_out = f"new_k_{i}" if fp32_kv else None
+    k = g.op(
+        "RotaryEmbedding", [k, c.cos, c.sin, positions], f"{a}/rope_k", out=k_out, num_heads=hkv
+    )
 
     keys_values = []
     for kind, new, pool_in in (("k", k, pool[0]), ("v", v, pool[1])):
-        out = f"new_{kind}_{i}"
-        if kv_type == TensorProto.FLOAT:
-            new = g.op("Reshape", [new, c.kv_heads], f"{a}/new_{kind}", out=out)
-        else:
+        if not fp32_kv:
             # Round the new K/V to the pool dtype before attending, so a token sees exactly
             # what later tokens will read back from the pool: results don't depend on chunking.
-            new = g.op("Reshape", [new, c.kv_heads], f"{a}/new_{kind}")  # [S, Q, Hkv, D]
-            new = g.op("Cast", [new], f"{a}/new_{kind}_cast", out=out, to=kv_type)
+            new = g.op("Cast", [new], f"{a}/new_{kind}_cast", out=f"new_{kind}_{i}", to=kv_type)
         past = g.op("Gather", [pool_in, tables], f"{a}/{kind}_gather", axis=0)  # [S, MB, B, Hkv, D]
-        past = g.op("Reshape", [past, c.past], f"{a}/{kind}_past")  # [S, MB*B, Hkv, D]
-        full = g.op("Concat", [past, new], f"{a}/{kind}_concat", axis=1)  # [S, MB*B+Q, Hkv, D]
-        if kv_type != TensorProto.FLOAT:
+        past = g.op("Reshape", [past, c.past], f"{a}/{kind}_past")  # [S, MB*B, Hkv*D]
+        full = g.op("Concat", [past, new], f"{a}/{kind}_concat", axis=1)  # [S, MB*B+Q, Hkv*D]
+        if not fp32_kv:
             full = g.op("Cast", [full], f"{a}/{kind}_f32", to=TensorProto.FLOAT)
-        keys_values.append(g.op("Transpose", [full], f"{a}/{kind}_bhsd", perm=[0, 2, 1, 3]))
+        keys_values.append(full)
 
     ctx = g.op(
-        "Attention", [q, *keys_values, mask], f"{a}/Attention", scale=1.0 / math.sqrt(d)
-    )  # [S, Hq, Q, D]
-    ctx = g.op("Transpose", [ctx], f"{a}/ctx_bshd", perm=[0, 2, 1, 3])  # [S, Q, Hq, D]
-    ctx = g.op("Reshape", [ctx, c.merged], f"{a}/ctx_merge")  # [S, Q, Hq*D]
+        "Attention",
+        [q, *keys_values, mask],
+        f"{a}/Attention",
+        q_num_heads=hq,
+        kv_num_heads=hkv,
+        scale=1.0 / math.sqrt(d),
+    )  # [S, Q, Hq*D]
     x = g.op("Add", [x, emit_linear(g, ctx, attn.o_proj, f"{a}.o_proj")], f"{name}/attn_residual")
 
     mlp, m = layer.mlp, f"{name}.mlp"
     h = _rms_norm(g, x, layer.mlp_norm, f"{name}.mlp_norm")
-    gate = emit_linear(g, h, mlp.gate_proj, f"{m}.gate_proj")  # [S, Q, ffn]
-    up = emit_linear(g, h, mlp.up_proj, f"{m}.up_proj")
+    gate, up = emit_linears(
+        g, h, [mlp.gate_proj, mlp.up_proj], [f"{m}.gate_proj", f"{m}.up_proj"], f"{m}.gate_up_proj"
+    )  # [S, Q, ffn] each
     silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{m}/Sigmoid")], f"{m}/silu")
     act = g.op("Mul", [silu, up], f"{m}/gated")
     return g.op(

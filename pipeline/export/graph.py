@@ -93,6 +93,15 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, inputs, [output], name=node_name, **attrs))
         return output
 
+    def split(self, x: str, sizes: list[int], name: str, outs: list[str | None]) -> list[str]:
+        """Split ``x`` along its last axis into pieces of ``sizes``; ``outs`` names them (None:
+        generated)."""
+        node_name = self.fresh(name)
+        outputs = [out or f"{node_name}_{i}" for i, out in enumerate(outs)]
+        split = self.ints(f"{node_name}.sizes", sizes)
+        self.nodes.append(helper.make_node("Split", [x, split], outputs, name=node_name, axis=-1))
+        return outputs
+
     # ---- initializers ------------------------------------------------------------------------
     def raw(self, name: str, elem_type: int, dims: list[int], data: Buffer) -> str:
         """An external initializer from its raw little-endian bytes (any contiguous buffer)."""

@@ -10,6 +10,8 @@ TensorRT engine is built today.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from torch import nn
@@ -18,7 +20,7 @@ from ..model.qlinear import QuantizedLinear
 from .errors import ExportError
 from .graph import GraphBuilder
 
-__all__ = ["emit_linear", "emit_dequantized_weight"]
+__all__ = ["emit_linear", "emit_linears", "emit_dequantized_weight"]
 
 
 def emit_linear(
@@ -39,6 +41,63 @@ def emit_linear(
     y = g.op("MatMul", [x, w], f"{name}/MatMul")
     bias = g.array(f"{name}.bias", _numpy(module.bias.float()))
     return g.op("Add", [y, bias], f"{name}/Add", out=out)
+
+
+def emit_linears(
+    g: GraphBuilder,
+    x: str,
+    modules: Sequence[nn.Module],
+    names: Sequence[str],
+    fused_name: str,
+    outs: Sequence[str | None] | None = None,
+) -> list[str]:
+    """``x @ W_i^T (+ b_i)`` for linears that read the same ``x``: [..., K] -> [[..., N_i]].
+
+    Where they share one weight scheme (all float, or the same bits, group size, symmetry and
+    bias presence) they become one MatMul over the weights concatenated along N, named
+    ``fused_name``, and a Split. Each output column is the same dot product either way; one
+    MatMul reads ``x`` once and, in ONNX Runtime, quantizes it once for the int8-activation
+    kernels, and saves a kernel launch per linear (the cost that dominates small models).
+    """
+    outs = list(outs) if outs is not None else [None] * len(modules)
+    fused = _concatenated(modules, fused_name)
+    if fused is None:
+        return [
+            emit_linear(g, x, m, n, out=o) for m, n, o in zip(modules, names, outs, strict=True)
+        ]
+    y = emit_linear(g, x, fused, fused_name)  # [..., sum N_i]
+    return g.split(y, [m.out_features for m in modules], f"{fused_name}/Split", outs)
+
+
+def _concatenated(modules: Sequence[nn.Module], name: str) -> nn.Module | None:
+    """The linears stacked along N as one module, or None when their schemes differ."""
+    first = modules[0]
+    has_bias = {m.bias is not None for m in modules}
+    if len(has_bias) != 1:
+        return None
+    bias = torch.cat([m.bias.detach() for m in modules]) if first.bias is not None else None
+    if all(type(m) is nn.Linear for m in modules):
+        weight = torch.cat([m.weight.detach() for m in modules])  # [sum N, K]
+        fused = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+        with torch.no_grad():
+            fused.weight.copy_(weight)
+            if bias is not None:
+                fused.bias.copy_(bias)
+        return fused
+    if not all(isinstance(m, QuantizedLinear) for m in modules):
+        return None
+    scheme = {(m.bits, m.group_size, m.codes.dtype, m.symmetric, m.g_idx is None) for m in modules}
+    if len(scheme) != 1 or first.g_idx is not None:
+        return None
+    zeros = None if first.symmetric else torch.cat([m.zero_points for m in modules])
+    return QuantizedLinear(
+        torch.cat([m.codes for m in modules]),  # [sum N, K]
+        torch.cat([m.scales for m in modules]),  # [sum N, K / g]
+        zeros,
+        first.bits,
+        first.group_size,
+        bias=bias,
+    )
 
 
 def emit_dequantized_weight(g: GraphBuilder, q: QuantizedLinear, name: str) -> str:

@@ -101,16 +101,20 @@ def test_graph_is_valid_and_interface_exact(checkpoints, tmp_path):
     names = [i["name"] for i in info["inputs"]]
     assert names == [
         "input_ids", "positions", "k_pool_0", "v_pool_0", "k_pool_1", "v_pool_1",
-        "block_tables", "context_lens", "attention_mask",
+        "block_tables", "context_lens", "attention_mask", "logits_indices",
     ]  # fmt: skip
     outputs = [o["name"] for o in info["outputs"]]
     assert outputs == ["logits", "hidden", "new_k_0", "new_v_0", "new_k_1", "new_v_1"]
     assert info["inputs"][2]["shape"] == ["NB", 16, 2, 16]
-    assert info["inputs"][-1] == {
+    assert info["inputs"][-2] == {
         "name": "attention_mask",
         "dtype": "bool",
         "shape": ["S", 1, "Q", "KV"],
     }
+    assert info["inputs"][-1] == {"name": "logits_indices", "dtype": "int64", "shape": ["N"]}
+    shapes = {o["name"]: o["shape"] for o in info["outputs"]}
+    assert shapes["logits"] == ["N", model.cfg.vocab_size]
+    assert shapes["new_k_0"] == ["S", "Q", 2 * 16]
     assert {k: info[k] for k in ("path", "opset", "num_layers", "kv_block_size", "kv_dtype")} == {
         "path": "model.onnx",
         "opset": 23,
@@ -128,6 +132,9 @@ def test_graph_is_valid_and_interface_exact(checkpoints, tmp_path):
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             assert "is_causal" not in attrs and len(node.input) == 4
             assert attrs["scale"] == pytest.approx(1 / math.sqrt(16))
+            # 3-D [S, T, H*D] inputs: the heads are attributes, no layer transposes.
+            assert (attrs["q_num_heads"], attrs["kv_num_heads"]) == (4, 2)
+    assert "Transpose" not in ops
 
 
 def test_external_data_is_relative_and_complete(checkpoints, tmp_path):
@@ -166,9 +173,9 @@ def test_dequantize_linear_is_bitwise_the_ir_dequantize(
     for node in proto.graph.node:
         if node.op_type != "DequantizeLinear":
             continue
-        module_name = node.name.split("/")[0]  # "layers.0.attn.q_proj/DequantizeLinear"
-        qlinear = model.get_submodule(module_name)
-        assert isinstance(qlinear, QuantizedLinear)
+        module_name = node.name.split("/")[0]  # "layers.0.attn.qkv_proj/DequantizeLinear"
+        members = [model.get_submodule(m) for m in _fused_members(module_name)]
+        assert all(isinstance(m, QuantizedLinear) for m in members)
         tensors = [numpy_helper.to_array(inits[i], base_dir=str(tmp_path)) for i in node.input]
         weight_type = inits[node.input[0]].data_type
         expected_type = {
@@ -181,11 +188,22 @@ def test_dequantize_linear_is_bitwise_the_ir_dequantize(
         (dq_out,) = ReferenceEvaluator(_single_dq(node, proto.graph.initializer)).run(
             None, dict(zip(node.input, tensors, strict=True))
         )
-        want = qlinear.dequantize().T.contiguous().numpy()  # [K, N]
+        # Linears that share an input are one weight, stacked along N.
+        want = torch.cat([m.dequantize() for m in members]).T.contiguous().numpy()  # [K, N]
         assert dq_out.dtype == np.float32
         assert np.array_equal(dq_out.view(np.uint32), want.view(np.uint32))
         checked += 1
-    assert checked == 14  # 7 linears x 2 layers
+    assert checked == 8  # qkv, o, gate_up, down x 2 layers
+
+
+def _fused_members(name: str) -> list[str]:
+    """The IR linears behind an exported weight: layers.0.attn.qkv_proj -> q, k, v_proj."""
+    fused = {"attn.qkv_proj": ["attn.q_proj", "attn.k_proj", "attn.v_proj"]}
+    fused["mlp.gate_up_proj"] = ["mlp.gate_proj", "mlp.up_proj"]
+    for suffix, members in fused.items():
+        if name.endswith(suffix):
+            return [name.removesuffix(suffix) + m for m in members]
+    return [name]
 
 
 def _single_dq(node, initializers) -> onnx.ModelProto:

@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from ingot.pipeline.export import ExportError, check_export, export_onnx
 from ingot.pipeline.export.check import (
@@ -163,19 +163,21 @@ def _rewire(graph, old, new):
 
 
 def swap_query_heads(graph, layer=1, a=0, b=2, head_dim=16):
-    """Query heads a and b of one layer trade places in q_proj's output (o_proj unchanged)."""
-    [init] = [t for t in graph.initializer if t.name == f"layers.{layer}.attn.q_proj.weight_t"]
-    w = numpy_helper.to_array(init).copy()  # [K, Hq*D]
+    """Query heads a and b of one layer trade places in q_proj's output (o_proj unchanged):
+    q's columns lead the fused q|k|v weight."""
+    [init] = [t for t in graph.initializer if t.name == f"layers.{layer}.attn.qkv_proj.weight_t"]
+    w = numpy_helper.to_array(init).copy()  # [K, (Hq + 2 Hkv) * D]
     ca, cb = slice(a * head_dim, (a + 1) * head_dim), slice(b * head_dim, (b + 1) * head_dim)
     w[:, ca], w[:, cb] = w[:, cb].copy(), w[:, ca].copy()
     init.CopyFrom(numpy_helper.from_array(w, init.name))
 
 
 def drop_rope(graph, layer=1, which="q"):
-    """One RotaryEmbedding node removed: its consumers read its (unrotated) input."""
+    """One RotaryEmbedding node made an Identity: its consumers read its (unrotated) input."""
     node = _node(graph, f"layers.{layer}.attn/rope_{which}")
-    _rewire(graph, node.output[0], node.input[0])
-    graph.node.remove(node)
+    del node.input[1:]
+    del node.attribute[:]
+    node.op_type = "Identity"
 
 
 def unrotated_keys_in_pool(graph, layer=0):
@@ -183,20 +185,16 @@ def unrotated_keys_in_pool(graph, layer=0):
     later call, reading them back from the pool, can tell."""
     a = f"layers.{layer}.attn"
     out = f"new_k_{layer}"
-    [producer] = [n for n in graph.node if out in n.output]
+    [producer] = [n for n in graph.node if out in n.output]  # rope_k (fp32) or its Cast
     producer.output[list(producer.output).index(out)] = f"{out}/attended"
     _rewire(graph, out, f"{out}/attended")
-    unrotated = _node(graph, f"{a}/rope_k").input[0]
-    reshape = copy.deepcopy(_node(graph, f"{a}/new_k"))
-    reshape.name, reshape.input[0] = f"{a}/new_k_unrotated", unrotated
-    if producer.op_type == "Cast":  # fp16 pool: Reshape -> Cast
-        cast = copy.deepcopy(producer)
-        cast.name, cast.input[0], cast.output[0] = f"{a}/new_k_unrotated_cast", "k_unrot", out
-        reshape.output[0] = "k_unrot"
-        graph.node.extend([reshape, cast])
+    unrotated = _node(graph, f"{a}/rope_k").input[0]  # [S, Q, Hkv*D], as new_k
+    if producer.op_type == "Cast":  # fp16 pool
+        wrong = copy.deepcopy(producer)
+        wrong.name, wrong.input[0], wrong.output[0] = f"{a}/new_k_unrotated", unrotated, out
     else:
-        reshape.output[0] = out
-        graph.node.extend([reshape])
+        wrong = helper.make_node("Identity", [unrotated], [out], name=f"{a}/new_k_unrotated")
+    graph.node.extend([wrong])
     _toposort(graph)
 
 

@@ -8,11 +8,29 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ingot.runtime.batch import Batch
 from ingot.runtime.generate import Generator, GeneratorConfig, ModelRunner
 from ingot.runtime.kv_pool import KVPool
 from ingot.runtime.tokenizer import TextTokenizer
 
 V = 320
+
+
+def step_arrays(batch: Batch) -> tuple[np.ndarray, ...]:
+    """input_ids, positions, block_tables, context_lens, attention_mask of a call."""
+    return (
+        batch.input_ids,
+        batch.positions,
+        batch.block_tables,
+        batch.context_lens,
+        batch.attention_mask,
+    )
+
+
+def picked_rows(batch: Batch, logits: np.ndarray) -> np.ndarray:
+    """A fake's logits [S, Q, V] for every position -> the [N, V] rows the call asked for
+    (`logits_indices`), as the graph returns them."""
+    return logits.reshape(-1, logits.shape[-1])[batch.logits_indices]
 
 
 def new_kv(positions: np.ndarray, input_ids: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -46,11 +64,12 @@ class RandomSession:
         self.pool = pool
         self.scale = scale
 
-    def run(self, input_ids, positions, block_tables, context_lens, attention_mask):
+    def run(self, batch):
+        input_ids, positions, block_tables, context_lens, attention_mask = step_arrays(batch)
         S, Q = input_ids.shape
         logits = np.empty((S, Q, V), np.float32)
         for s in range(S):
             for q in range(Q):
                 seed = int(input_ids[s, q]) * 100_003 + int(positions[s, q])
                 logits[s, q] = np.random.default_rng(seed).normal(0, self.scale, V)
-        return logits, new_kv(positions, input_ids)
+        return picked_rows(batch, logits), new_kv(positions, input_ids)

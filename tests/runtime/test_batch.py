@@ -27,8 +27,9 @@ def test_inputs_for_a_decode_and_a_prefill_together(pool):
     np.testing.assert_array_equal(batch.block_tables, [[4, 1, 3], [2, 0, 0]])
     np.testing.assert_array_equal(batch.context_lens, [3, 0])
     # position 3 -> block_ids[1] = 1, offset 1 -> slot 3; position 4 -> block 3, offset 0 -> 6
-    np.testing.assert_array_equal(batch.slots[0], [3, 6])
-    np.testing.assert_array_equal(batch.slots[1], [4])
+    np.testing.assert_array_equal(batch.slots, [3, 6, 4])  # A's two, then B's one
+    np.testing.assert_array_equal(batch.real_rows, [0, 1, 2])  # row 3 (B's second) is padding
+    np.testing.assert_array_equal(batch.logits_indices, [1, 2])  # each sequence's last token
     assert batch.attention_mask.shape == (2, 1, 2, 3 * 2 + 2)
     assert batch.attention_mask.dtype == np.bool_
     expected = np.array(
@@ -68,7 +69,7 @@ def test_every_query_row_attends_somewhere(pool):
     assert batch.attention_mask.any(axis=-1).all()
 
 
-def test_write_kv_writes_real_rows_only_and_last_logits(pool):
+def test_write_kv_writes_real_rows_only(pool):
     batch = build_inputs(_two_sequences(pool))
     new_k = np.arange(2 * 2 * 1 * 2, dtype=np.float32).reshape(2, 2, 1, 2) + 1  # [S,Q,Hkv,D]
     new_kv = [(new_k, -new_k), (2 * new_k, -2 * new_k)]
@@ -80,8 +81,17 @@ def test_write_kv_writes_real_rows_only_and_last_logits(pool):
     untouched = [s for s in range(12) if s not in written]
     assert not pool.k[0].reshape(-1, 2)[untouched].any()  # the padded row went nowhere
 
-    logits = np.arange(2 * 2 * 5, dtype=np.float32).reshape(2, 2, 5)
-    np.testing.assert_array_equal(batch.last_logits(logits), [logits[0, 1], logits[1, 0]])
+
+def test_a_decode_batch_has_no_padding_and_writes_every_row(pool):
+    tables = [pool.new_block_table() for _ in range(3)]
+    for n, table in zip((3, 2, 5), tables, strict=True):
+        table.slots_for(n)
+    batch = build_inputs([(t, [n], n - 1) for n, t in zip((3, 2, 5), tables, strict=True)])
+    assert batch.real_rows is None
+    np.testing.assert_array_equal(batch.logits_indices, [0, 1, 2])
+    new_k = np.arange(3 * 2, dtype=np.float32).reshape(3, 1, 2) + 1  # [S, Q, Hkv*D]
+    batch.write_kv(pool, [(new_k, new_k), (new_k, new_k)])
+    np.testing.assert_array_equal(pool.k[0].reshape(-1, 2)[batch.slots], new_k[:, 0])
 
 
 def test_unallocated_positions_are_refused(pool):

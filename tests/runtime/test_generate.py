@@ -11,7 +11,7 @@ import pytest
 from ingot.runtime import Completion, Generator, SamplingParams
 from ingot.runtime.kv_pool import KVPool, OutOfBlocks
 
-from generator_support import V, fake_generator, new_kv
+from generator_support import V, fake_generator, new_kv, picked_rows, step_arrays
 
 EOS = 1
 BACKTICK, A = 65, 66  # token ids of "`" and "a": a prompt of [BACKTICK] generates "abcd..."
@@ -22,7 +22,8 @@ class FakeSession:
         self.pool = pool
         self.calls: list[tuple[int, int]] = []  # (S, Q) per call
 
-    def run(self, input_ids, positions, block_tables, context_lens, attention_mask):
+    def run(self, batch):
+        input_ids, positions, block_tables, context_lens, attention_mask = step_arrays(batch)
         S, Q = input_ids.shape
         B = self.pool.block_size
         self.calls.append((S, Q))
@@ -38,7 +39,7 @@ class FakeSession:
             np.testing.assert_array_equal(stored, visible + 1)  # K holds position + 1
         logits = np.zeros((S, Q, V), np.float32)
         np.put_along_axis(logits, ((input_ids + 1) % V)[..., None], 10.0, axis=-1)
-        return logits, new_kv(positions, input_ids)
+        return picked_rows(batch, logits), new_kv(positions, input_ids)
 
 
 def _generator(tokenizer, **options) -> Generator:

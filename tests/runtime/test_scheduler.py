@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ingot.runtime import Generator, SamplingParams, SchedulerStats
 from ingot.runtime.kv_pool import KVPool
 
-from generator_support import V, fake_generator, new_kv
+from generator_support import V, fake_generator, new_kv, picked_rows, step_arrays
 
 
 def _logits(context_hash: int) -> np.ndarray:
@@ -42,7 +42,8 @@ class ContextFake:
         self.pool = pool
         self.calls: list[tuple[int, int]] = []  # (S, Q)
 
-    def run(self, input_ids, positions, block_tables, context_lens, attention_mask):
+    def run(self, batch):
+        input_ids, positions, block_tables, context_lens, attention_mask = step_arrays(batch)
         S, Q = input_ids.shape
         B = self.pool.block_size
         K = block_tables.shape[1] * B
@@ -58,7 +59,7 @@ class ContextFake:
                 pos = np.concatenate([past, positions[s, new]])
                 tok = np.concatenate([self.pool.v[1][blocks, offsets, 0, 0], input_ids[s, new]])
                 logits[s, q] = _logits(int(((pos + 1) * (tok.astype(np.int64) + 7)).sum() % 9973))
-        return logits, new_kv(positions, input_ids)
+        return picked_rows(batch, logits), new_kv(positions, input_ids)
 
 
 def _generator(tokenizer, **options) -> Generator:

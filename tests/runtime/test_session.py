@@ -1,7 +1,9 @@
 """EngineSession and LoadedModel over a tiny hand-built graph with ingot's graph interface.
 
 The graph's logits are a one-hot of (input_id + 1) % V plus the sum of k_pool_0, so a test
-can see that the bound pool is read live; new_k/new_v are the positions, broadcast.
+can see that the bound pool is read live; new_k/new_v are the positions, broadcast. With
+`logits_indices` (today's interface) it returns the asked rows [N, V]; without it (engines
+exported before that input existed) every position [S, Q, V], and the session picks the rows.
 """
 
 import logging
@@ -11,6 +13,7 @@ import pytest
 
 from ingot.artifacts import ArtifactError, sha256_file, write_manifest
 from ingot.runtime import LoadedModel, SamplingParams
+from ingot.runtime.batch import Batch, build_inputs
 from ingot.runtime.kv_pool import KVPool
 from ingot.runtime.model import DEFAULT_KV_CACHE_BYTES
 from ingot.runtime.session import EngineSession, SessionError
@@ -23,7 +26,7 @@ from onnx import TensorProto, helper  # noqa: E402
 V, LAYERS, HKV, D, B = 320, 2, 2, 16, 4
 
 
-def write_graph(path, vocab=V, layers=LAYERS):
+def write_graph(path, vocab=V, layers=LAYERS, logits_indices=True):
     t = TensorProto
     inputs = [
         helper.make_tensor_value_info("input_ids", t.INT64, ["S", "Q"]),
@@ -44,12 +47,21 @@ def write_graph(path, vocab=V, layers=LAYERS):
         helper.make_node("Mod", ["next", "vocab"], ["next_mod"]),
         helper.make_node("OneHot", ["next_mod", "vocab", "onehot_values"], ["onehot"], axis=-1),
         helper.make_node("ReduceSum", ["k_pool_0"], ["pool_sum"], keepdims=0),
-        helper.make_node("Add", ["onehot", "pool_sum"], ["logits"]),
+        helper.make_node("Add", ["onehot", "pool_sum"], ["all_logits"]),
         helper.make_node("Cast", ["positions"], ["pos_f"], to=t.FLOAT),
         helper.make_node("Unsqueeze", ["pos_f", "axes23"], ["pos_4d"]),
         helper.make_node("Expand", ["pos_4d", "kv_shape"], ["kv"]),
     ]
-    outputs = [helper.make_tensor_value_info("logits", t.FLOAT, ["S", "Q", vocab])]
+    if logits_indices:
+        inputs.append(helper.make_tensor_value_info("logits_indices", t.INT64, ["N"]))
+        nodes += [
+            helper.make_node("Reshape", ["all_logits", "rows_shape"], ["rows"]),
+            helper.make_node("Gather", ["rows", "logits_indices"], ["logits"], axis=0),
+        ]
+        outputs = [helper.make_tensor_value_info("logits", t.FLOAT, ["N", vocab])]
+    else:
+        nodes.append(helper.make_node("Identity", ["all_logits"], ["logits"]))
+        outputs = [helper.make_tensor_value_info("logits", t.FLOAT, ["S", "Q", vocab])]
     for layer in range(layers):
         for kv in ("k", "v"):
             nodes.append(helper.make_node("Identity", ["kv"], [f"new_{kv}_{layer}"]))
@@ -62,6 +74,7 @@ def write_graph(path, vocab=V, layers=LAYERS):
         helper.make_tensor("onehot_values", t.FLOAT, [2], [0.0, 10.0]),
         helper.make_tensor("axes23", t.INT64, [2], [2, 3]),
         helper.make_tensor("kv_shape", t.INT64, [4], [1, 1, HKV, D]),
+        helper.make_tensor("rows_shape", t.INT64, [2], [-1, vocab]),
     ]
     graph = helper.make_graph(nodes, "fake", inputs, outputs, init)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
@@ -76,27 +89,46 @@ def _pool(layers=LAYERS, dtype=np.float32):
     return KVPool(layers, num_blocks=8, block_size=B, num_kv_heads=HKV, head_dim=D, dtype=dtype)
 
 
-def _inputs(ids):
-    ids = np.array(ids, dtype=np.int64)  # [S, Q]
-    S, Q = ids.shape
-    positions = np.broadcast_to(np.arange(Q), (S, Q)).copy()
-    mask = np.ones((S, 1, Q, B + Q), bool)
-    return ids, positions, np.zeros((S, 1), np.int64), np.zeros(S, np.int64), mask
+def _batch(pool, ids) -> Batch:
+    """Sequence s holds no past and computes ids[s] (every row real)."""
+    tables = []
+    for row in ids:
+        table = pool.new_block_table()
+        table.slots_for(len(row))
+        tables.append(table)
+    return build_inputs([(table, row, 0) for table, row in zip(tables, ids, strict=True)])
 
 
-def test_run_reads_the_bound_pool_live(tmp_path):
+@pytest.mark.parametrize("logits_indices", [True, False], ids=["logits_indices", "every_row"])
+def test_run_reads_the_bound_pool_live(tmp_path, logits_indices):
     pool = _pool()
-    session = EngineSession(write_graph(tmp_path / "g.onnx"), pool, {"intra_op_num_threads": 1})
-    logits, new_kv = session.run(*_inputs([[5, 6], [7, 0]]))
-    assert logits.shape == (2, 2, V) and logits.dtype == np.float32
-    np.testing.assert_array_equal(logits.argmax(-1), [[6, 7], [8, 1]])
+    graph = write_graph(tmp_path / "g.onnx", logits_indices=logits_indices)
+    session = EngineSession(graph, pool, {"intra_op_num_threads": 1})
+    batch = _batch(pool, [[5, 6], [7, 9]])
+    logits, new_kv = session.run(batch)
+    logits = logits.copy()  # the session's buffer: the next call writes it again
+    assert logits.shape == (2, V) and logits.dtype == np.float32  # each sequence's last token
+    np.testing.assert_array_equal(logits.argmax(-1), [7, 10])
     assert len(new_kv) == LAYERS and new_kv[1][0].shape == (2, 2, HKV, D)
     np.testing.assert_array_equal(new_kv[0][1][:, :, 0, 0], [[0, 1], [0, 1]])
 
     # Writing the pool in place is seen by the next call: the session aliases the arrays.
     pool.write(np.array([3, 9]), 0, np.full((2, HKV, D), 0.5, np.float32), np.zeros((2, HKV, D)))
-    logits2, _ = session.run(*_inputs([[5, 6], [7, 0]]))
+    logits2, _ = session.run(batch)
     np.testing.assert_allclose(logits2 - logits, 2 * HKV * D * 0.5)
+
+
+def test_output_buffers_are_reused_while_the_call_shape_repeats(tmp_path):
+    pool = _pool()
+    session = EngineSession(write_graph(tmp_path / "g.onnx"), pool, {"intra_op_num_threads": 1})
+    first, kv = session.run(_batch(pool, [[5], [7]]))
+    first_k = kv[0][0]
+    again, kv = session.run(_batch(pool, [[9], [3]]))  # same (S, Q, N): same arrays, new values
+    assert again is first and kv[0][0] is first_k
+    np.testing.assert_array_equal(again.argmax(-1), [10, 4])
+    other, _ = session.run(_batch(pool, [[9, 3]]))  # another shape: new arrays
+    assert other is not first and other.shape == (1, V)
+    np.testing.assert_array_equal(other.argmax(-1), [4])
 
 
 def test_interface_mismatches_are_named(tmp_path):

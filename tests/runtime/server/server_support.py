@@ -51,7 +51,8 @@ class FakeSession:
         """Let `runs` more runs succeed, then fail every one."""
         self.fail_after = self.calls + runs
 
-    def run(self, input_ids, positions, block_tables, context_lens, attention_mask):
+    def run(self, batch):
+        input_ids = batch.input_ids
         self.calls += 1
         self._go.wait(HOLD_TIMEOUT_S)
         if self.fail_after is not None and self.calls > self.fail_after:
@@ -60,7 +61,7 @@ class FakeSession:
         logits = np.zeros((S, Q, V), np.float32)
         np.put_along_axis(logits, ((input_ids + 1) % V)[..., None], 10.0, axis=-1)
         kv = np.zeros((S, Q, 1, 2), np.float32)
-        return logits, [(kv, kv)]
+        return logits.reshape(S * Q, V)[batch.logits_indices], [(kv, kv)]
 
 
 def fake_llm(
