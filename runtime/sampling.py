@@ -173,16 +173,19 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     scaled = logits.astype(np.float64) / params.temperature  # [V]
     vocab = scaled.shape[0]
 
-    candidates = np.arange(vocab)  # [C] token ids still in the running
+    # Token ids still in the running [C], and their unnormalized probabilities' total.
+    candidates, mass = np.arange(vocab), None
     if 0 < params.top_k < vocab:
         candidates = np.argpartition(-scaled, params.top_k - 1)[: params.top_k]
+    elif params.top_p < 1.0:
+        candidates, mass = _nucleus_superset(scaled, params.top_p)
     if params.top_p < 1.0 or params.top_k:
         # Most probable first; stable so equal logits keep a fixed (token id) order.
         candidates = np.sort(candidates)
         candidates = candidates[np.argsort(-scaled[candidates], kind="stable")]
 
-    probs = np.exp(scaled[candidates] - scaled[candidates].max())  # [C]
-    probs /= probs.sum()
+    probs = np.exp(scaled[candidates] - scaled.max())  # [C]
+    probs /= probs.sum() if mass is None else mass
     if params.top_p < 1.0:
         # Smallest prefix whose mass reaches top_p; the first token always stays.
         cumulative = np.cumsum(probs)
@@ -193,6 +196,27 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     cumulative = np.cumsum(probs)
     index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
     return int(candidates[min(index, len(candidates) - 1)])
+
+
+_NUCLEUS_FIRST_GUESS = 64  # tokens: top-p rarely keeps more of a trained model's vocabulary
+
+
+def _nucleus_superset(scaled: np.ndarray, top_p: float) -> tuple[np.ndarray, float]:
+    """Token ids [C] that hold the top-p nucleus of `scaled` [V], and the whole vocabulary's
+    unnormalized mass (exp(scaled - max) summed), found by partial sorts of growing size
+    instead of sorting the vocabulary. Every token tied with the smallest one kept is kept
+    too, so sorting the result gives the full sort's prefix exactly."""
+    vocab = scaled.shape[0]
+    weights = np.exp(scaled - scaled.max())  # [V]
+    mass = float(weights.sum())
+    k = _NUCLEUS_FIRST_GUESS
+    while k < vocab:
+        threshold = np.partition(scaled, vocab - k)[vocab - k]  # the k-th largest
+        candidates = np.flatnonzero(scaled >= threshold)
+        if weights[candidates].sum() >= top_p * mass:
+            return candidates, mass
+        k *= 4
+    return np.arange(vocab), mass
 
 
 def logsumexp(logits: np.ndarray) -> float:
