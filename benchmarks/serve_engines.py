@@ -166,45 +166,28 @@ def op_profile(spec: dict) -> dict[str, Any]:
     """Where one decode step of `batch` sequences goes, op by op (ONNX Runtime's profiler)."""
     import collections
 
-    import onnxruntime as ort
-
-    from ingot.artifacts import safe_relative_path
     from ingot.runtime import LoadedModel
     from ingot.runtime.batch import build_inputs
 
-    model = LoadedModel.load(spec["artifact"], kv_cache_bytes=spec["kv_cache_bytes"])
+    # The profile is read below and deleted: it must not litter the working directory.
+    prefix = str(Path(tempfile.gettempdir()) / "ingot_serve_profile")
+    model = LoadedModel.load(
+        spec["artifact"], kv_cache_bytes=spec["kv_cache_bytes"], profile_file_prefix=prefix
+    )
     seqs = []
     for prompt in spec["prompts"][: spec["batch"]]:
         table = model.pool.new_block_table()
         table.slots_for(len(prompt))  # as if prefilled: decode the token at the last position
         seqs.append((table, [prompt[-1]], len(prompt) - 1))
     batch = build_inputs(seqs)
-    feeds = {
-        "input_ids": batch.input_ids,
-        "positions": batch.positions,
-        "block_tables": batch.block_tables,
-        "context_lens": batch.context_lens,
-        "attention_mask": batch.attention_mask,
-    }
-    for layer in range(model.pool.num_layers):
-        feeds[f"k_pool_{layer}"] = model.pool.k[layer]
-        feeds[f"v_pool_{layer}"] = model.pool.v[layer]
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as built
-    options.intra_op_num_threads = spec["threads"]
-    options.enable_profiling = True
-    # The profile is read below and deleted: it must not litter the working directory.
-    options.profile_file_prefix = str(Path(tempfile.gettempdir()) / "ingot_serve_profile")
-    engine_file = safe_relative_path(model.root, model.engine.path)
-    session = ort.InferenceSession(str(engine_file), options, providers=["CPUExecutionProvider"])
-    for _ in range(3):
-        session.run(None, feeds)
-    runs = 10
+    warmup, runs = 3, 10
+    for _ in range(warmup):
+        model.session.run(batch)
     started = time.perf_counter()
     for _ in range(runs):
-        session.run(None, feeds)
+        model.session.run(batch)
     step_s = (time.perf_counter() - started) / runs
-    profile = Path(session.end_profiling())
+    profile = Path(model.session.end_profiling())
     events = json.loads(profile.read_text())
     profile.unlink()
     by_op: collections.Counter[str] = collections.Counter()
@@ -213,7 +196,7 @@ def op_profile(spec: dict) -> dict[str, Any]:
             by_op[event["args"]["op_name"]] += event["dur"]
     total = sum(by_op.values())
     ops = {
-        op: {"share": us / total, "ms_per_step": us / (runs + 3) / 1000}
+        op: {"share": us / total, "ms_per_step": us / (runs + warmup) / 1000}
         for op, us in by_op.most_common(8)
     }
     return {"ok": True, "batch": len(seqs), "step_s": step_s, "ops": ops}
