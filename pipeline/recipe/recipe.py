@@ -45,7 +45,8 @@ class Recipe(_Strict):
     interop: Annotated[list[InteropFormat], AfterValidator(_check_unique_formats)] = Field(
         default=[],
         description="Extra checkpoints written to the artifact's interop/<format>/ for other "
-        "engines: GPTQ v1 (gptq), AWQ GEMM (awq), compressed-tensors pack-quantized.",
+        "engines: GPTQ v1 (gptq), AWQ GEMM (awq), compressed-tensors pack-quantized, and a GGUF "
+        "file for llama.cpp (gguf).",
     )
     artifact: Artifact = Field(description="Name and version of the result.")
 

@@ -69,7 +69,7 @@ def test_evaluate_defaults(tmp_path):
         ),
         ("evaluate: {perplexity: {dataset: e.txt, windows: 3}}", "evaluate.perplexity.windows"),
         ("evaluate: {perplexity: {seq_len: 64}}", "evaluate.perplexity.dataset"),
-        ("interop: [gguf]", "interop.0"),
+        ("interop: [exl2]", "interop.0"),
         ("interop: [gptq, gptq]", "interop"),
     ],
 )
