@@ -36,12 +36,12 @@ class Batch:
 
         Padded rows are never written: their slots would belong to someone else.
         """
-        rows, calls = self.real_rows, self.input_ids.size
+        rows, calls, slots = self.real_rows, self.input_ids.size, self.slots
         for layer, (k, v) in enumerate(new_kv):
             k, v = k.reshape(calls, -1), v.reshape(calls, -1)  # [S*Q, Hkv*D]
             if rows is not None:
                 k, v = k[rows], v[rows]
-            pool.write(self.slots, layer, k, v)  # [T, Hkv*D]
+            pool.write(slots, layer, k, v)  # [T, Hkv*D]
 
 
 def build_inputs(
@@ -54,6 +54,15 @@ def build_inputs(
     """
     if not seqs:
         raise ValueError("build_inputs needs at least one sequence")
+    if all(len(ids) == 1 for _, ids, _ in seqs):
+        return _decode_inputs(seqs, sliding_window)
+    return _general_inputs(seqs, sliding_window)
+
+
+def _general_inputs(
+    seqs: Sequence[tuple[BlockTable, Sequence[int], int]], sliding_window: int | None
+) -> Batch:
+    """`build_inputs` for any call: padded to the longest chunk."""
     block_size = seqs[0][0].block_size
     num_seqs = len(seqs)
     q_len = max(len(ids) for _, ids, _ in seqs)
@@ -119,4 +128,45 @@ def build_inputs(
         logits_indices,
         np.concatenate(slots),
         real_rows,
+    )
+
+
+def _decode_inputs(
+    seqs: Sequence[tuple[BlockTable, Sequence[int], int]], sliding_window: int | None
+) -> Batch:
+    """`build_inputs` for a call of one new token per sequence (every decode step): the same
+    arrays with a few vector operations and no padding, since this runs once per token."""
+    block_size = seqs[0][0].block_size
+    num_seqs = len(seqs)
+    max_blocks = max(len(table.block_ids) for table, _, _ in seqs)
+    block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int64)
+    slots = np.empty(num_seqs, dtype=np.int64)
+    for s, (table, _, start) in enumerate(seqs):
+        blocks = table.block_ids
+        if table.block_size != block_size:
+            raise ValueError(f"sequence {s}: block size {table.block_size} != {block_size}")
+        if start >= len(blocks) * block_size:
+            raise ValueError(
+                f"sequence {s}: position {start} is beyond its {len(blocks)} blocks; "
+                "allocate with BlockTable.slots_for first"
+            )
+        block_tables[s, : len(blocks)] = blocks
+        slots[s] = blocks[start // block_size] * block_size + start % block_size
+    context_lens = np.fromiter((start for _, _, start in seqs), np.int64, num_seqs)  # [S]
+    input_ids = np.fromiter((ids[0] for _, ids, _ in seqs), np.int64, num_seqs)[:, None]
+    key_pos = np.arange(max_blocks * block_size)  # [K]
+    past = key_pos < context_lens[:, None]  # [S, K]
+    if sliding_window is not None:
+        past &= context_lens[:, None] - key_pos < sliding_window
+    mask = np.ones((num_seqs, 1, 1, key_pos.size + 1), dtype=bool)  # the new token sees itself
+    mask[:, 0, 0, :-1] = past
+    return Batch(
+        input_ids,
+        context_lens[:, None].copy(),  # positions [S, 1]
+        block_tables,
+        context_lens,
+        mask,
+        np.arange(num_seqs, dtype=np.int64),  # logits_indices: every row
+        slots,
+        None,  # no padding
     )

@@ -309,6 +309,7 @@ class KVPool:
     def write(self, slots: np.ndarray, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Scatter k, v [n, Hkv*D] (or [n, Hkv, D]) into `slots` [n] of `layer` (cast to the
         pool dtype)."""
-        n = len(slots)
-        self._k_flat[layer][slots] = k.reshape(n, -1)
-        self._v_flat[layer][slots] = v.reshape(n, -1)
+        if k.ndim != 2:
+            k, v = k.reshape(len(slots), -1), v.reshape(len(slots), -1)
+        self._k_flat[layer][slots] = k
+        self._v_flat[layer][slots] = v

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+import ingot.runtime.batch as batch_module
 from ingot.runtime.batch import build_inputs
 from ingot.runtime.kv_pool import BlockTable, KVPool
 
@@ -101,3 +102,22 @@ def test_unallocated_positions_are_refused(pool):
         build_inputs([(table, [1], 2)])
     with pytest.raises(ValueError, match="at least one"):
         build_inputs([])
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_a_decode_call_matches_the_general_packing(window):
+    # Decode steps take a shorter path (one token per sequence); it must give the same arrays.
+    rng = np.random.default_rng(0)
+    pool = KVPool(num_layers=1, num_blocks=64, block_size=4, num_kv_heads=1, head_dim=2)
+    seqs = []
+    for length in (1, 4, 5, 13, 9):
+        table = pool.new_block_table()
+        table.slots_for(length)
+        seqs.append((table, [int(rng.integers(320))], length - 1))
+    fast = build_inputs(seqs, sliding_window=window)
+    general = batch_module._general_inputs(seqs, window)
+    for name in ("input_ids", "positions", "block_tables", "context_lens", "attention_mask"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(general, name), err_msg=name)
+    np.testing.assert_array_equal(fast.slots, general.slots)
+    np.testing.assert_array_equal(fast.logits_indices, general.logits_indices)
+    assert fast.real_rows is None and general.real_rows is None
