@@ -36,6 +36,35 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert set(_draws(logits, SamplingParams(top_p=0.01))) == {0}  # always at least one
 
 
+def _full_sort_top_p(logits, params, rng) -> int:
+    """top-p by sorting the whole vocabulary: what `sample` must draw, token for token."""
+    scaled = logits.astype(np.float64) / params.temperature
+    order = np.argsort(-scaled, kind="stable")  # equal logits in token id order
+    probs = np.exp(scaled[order] - scaled.max())
+    probs /= probs.sum()
+    keep = min(int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1, len(probs))
+    cumulative = np.cumsum(probs[:keep])
+    index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    return int(order[min(index, keep - 1)])
+
+
+@pytest.mark.parametrize("vocab", [50, 4096, 32000])
+def test_top_p_over_a_partial_sort_draws_what_a_full_sort_draws(vocab):
+    # The nucleus is found among the tokens above the k-th largest logit for growing k; a flat
+    # distribution needs many rounds, a peaked one one; rounded logits make ties at the cut.
+    rng = np.random.default_rng(vocab)
+    for trial in range(60):
+        logits = (rng.standard_normal(vocab) * rng.choice([0.3, 3.0, 12.0])).astype(np.float32)
+        if trial % 3 == 0:
+            logits = np.round(logits)
+        params = SamplingParams(
+            temperature=float(rng.choice([0.5, 1.0, 1.5])),
+            top_p=float(rng.choice([0.05, 0.5, 0.9, 0.999])),
+        )
+        got = sample(logits, params, make_rng(trial))
+        assert got == _full_sort_top_p(logits, params, make_rng(trial)), (trial, params)
+
+
 def test_top_k_then_top_p():
     logits = np.log(np.array([0.4, 0.3, 0.2, 0.1])).astype(np.float32)
     # top_k=3 renormalizes to 4/9, 3/9, 2/9; top_p=0.7 then keeps the first two.
