@@ -3,6 +3,8 @@
 Key slot j < MB*B of the attention mask is past slot j of the sequence's block table, which
 holds the token at position j; slot MB*B + i is the call's i-th new token. Everything that is
 padding (short sequences, unused block-table entries, slots past the context) is masked out.
+The block tables list only the blocks of tokens already in the pool (MB = the most any
+sequence has, at least 1): the graph gathers and attends over no slot of the call's own tokens.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def _general_inputs(
     block_size = seqs[0][0].block_size
     num_seqs = len(seqs)
     q_len = max(len(ids) for _, ids, _ in seqs)
-    max_blocks = max(1, max(len(table.block_ids) for table, _, _ in seqs))
+    max_blocks = max(1, max(_past_blocks(start, block_size) for _, _, start in seqs))
     past_len = max_blocks * block_size
 
     input_ids = np.zeros((num_seqs, q_len), dtype=np.int64)
@@ -88,7 +90,8 @@ def _general_inputs(
             )
         input_ids[s, :n] = ids
         positions[s, :n] = np.arange(start, start + n)
-        block_tables[s, : len(table.block_ids)] = table.block_ids
+        past_blocks = table.block_ids[: _past_blocks(start, block_size)]
+        block_tables[s, : len(past_blocks)] = past_blocks
         context_lens[s] = start
         num_new[s] = n
         slots.append(slots_of(table.block_ids, block_size, positions[s, :n]))
@@ -138,7 +141,7 @@ def _decode_inputs(
     arrays with a few vector operations and no padding, since this runs once per token."""
     block_size = seqs[0][0].block_size
     num_seqs = len(seqs)
-    max_blocks = max(len(table.block_ids) for table, _, _ in seqs)
+    max_blocks = max(1, max(_past_blocks(start, block_size) for _, _, start in seqs))
     block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int64)
     slots = np.empty(num_seqs, dtype=np.int64)
     for s, (table, _, start) in enumerate(seqs):
@@ -150,7 +153,8 @@ def _decode_inputs(
                 f"sequence {s}: position {start} is beyond its {len(blocks)} blocks; "
                 "allocate with BlockTable.slots_for first"
             )
-        block_tables[s, : len(blocks)] = blocks
+        past_blocks = blocks[: _past_blocks(start, block_size)]
+        block_tables[s, : len(past_blocks)] = past_blocks
         slots[s] = blocks[start // block_size] * block_size + start % block_size
     context_lens = np.fromiter((start for _, _, start in seqs), np.int64, num_seqs)  # [S]
     input_ids = np.fromiter((ids[0] for _, ids, _ in seqs), np.int64, num_seqs)[:, None]
@@ -170,3 +174,10 @@ def _decode_inputs(
         slots,
         None,  # no padding
     )
+
+
+def _past_blocks(start: int, block_size: int) -> int:
+    """Blocks holding a sequence's `start` tokens already in the pool: all the graph gathers.
+    The blocks of this call's own tokens are not read (their K/V come from the call), so a
+    first prefill chunk attends over its own tokens only, not over as many empty slots."""
+    return -(-start // block_size)

@@ -25,19 +25,20 @@ def test_inputs_for_a_decode_and_a_prefill_together(pool):
     batch = build_inputs(_two_sequences(pool))
     np.testing.assert_array_equal(batch.input_ids, [[7, 8], [9, 0]])
     np.testing.assert_array_equal(batch.positions, [[3, 4], [0, 0]])
-    np.testing.assert_array_equal(batch.block_tables, [[4, 1, 3], [2, 0, 0]])
+    # Only blocks of tokens already in the pool: A's 3 tokens fill 4 and 1; B has none yet.
+    np.testing.assert_array_equal(batch.block_tables, [[4, 1], [0, 0]])
     np.testing.assert_array_equal(batch.context_lens, [3, 0])
     # position 3 -> block_ids[1] = 1, offset 1 -> slot 3; position 4 -> block 3, offset 0 -> 6
     np.testing.assert_array_equal(batch.slots, [3, 6, 4])  # A's two, then B's one
     np.testing.assert_array_equal(batch.real_rows, [0, 1, 2])  # row 3 (B's second) is padding
     np.testing.assert_array_equal(batch.logits_indices, [1, 2])  # each sequence's last token
-    assert batch.attention_mask.shape == (2, 1, 2, 3 * 2 + 2)
+    assert batch.attention_mask.shape == (2, 1, 2, 2 * 2 + 2)
     assert batch.attention_mask.dtype == np.bool_
     expected = np.array(
         [
-            #  past slots 0-5        new 0, 1
-            [[T, T, T, F, F, F, T, F], [T, T, T, F, F, F, T, T]],  # A
-            [[F, F, F, F, F, F, T, F], [F, F, F, F, F, F, F, T]],  # B (row 1 is padding)
+            #  past slots 0-3  new 0, 1
+            [[T, T, T, F, T, F], [T, T, T, F, T, T]],  # A
+            [[F, F, F, F, T, F], [F, F, F, F, F, T]],  # B (row 1 is padding)
         ]
     )
     np.testing.assert_array_equal(batch.attention_mask[:, 0], expected)
@@ -47,8 +48,8 @@ def test_sliding_window_hides_keys_that_are_too_far_back(pool):
     batch = build_inputs(_two_sequences(pool), sliding_window=2)
     expected_a = np.array(
         [
-            [F, F, T, F, F, F, T, F],  # position 3 sees positions 2, 3
-            [F, F, F, F, F, F, T, T],  # position 4 sees positions 3, 4
+            [F, F, T, F, T, F],  # position 3 sees positions 2, 3
+            [F, F, F, F, T, T],  # position 4 sees positions 3, 4
         ]
     )
     np.testing.assert_array_equal(batch.attention_mask[0, 0], expected_a)
