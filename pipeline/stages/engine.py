@@ -3,8 +3,16 @@
 ONNX Runtime optimizes the exported graph and writes the engine; the written engine is then
 opened as the runtime opens it and checked (`check_graph`) against the quantize stage's IR,
 read one layer at a time (`IRLayers`). What is checked is the engine that ships: its files,
-its fusions, its MatMulNBits accuracy level, the runtime's kernels. One session holds the
-weights at a time (the optimizing one is gone before the checked one opens). A mismatch raises
+its fusions, its MatMulNBits accuracy level, the runtime's kernels.
+
+At `matmul_accuracy_level: 4` (int8 activations) that check can only be loose (0.5 of the
+logit scale: it catches gross errors, not one layer's swapped heads), so first the same
+exported graph is optimized in memory at the target's level with MatMulNBits at accuracy
+level 0 (fp32 activations; not saved) and checked exactly: the same fusions, exact numbers.
+Its report is ``check.json``'s ``exact_check``.
+
+One session holds the weights at a time: the exact check's session is released before the
+engine is built, the optimizing one before the checked one opens. A mismatch raises
 `ExportError`, so the stage fails and the cache keeps nothing.
 """
 
@@ -16,13 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from ..engines.onnxruntime import build_onnxruntime_engine, load_onnxruntime_engine
-from ..export.check import check_graph
+from ..export.check import check_graph, session_options
+from ..export.errors import ExportError
 from ..quantize.ir_layers import IRLayers
 from ..recipe.targets import Target
 
 __all__ = ["run_engine", "engine_name", "check_accuracy", "ENGINE_RECORD", "CHECK_REPORT"]
 
 ENGINE_RECORD, CHECK_REPORT = "engine.json", "check.json"
+EXACT_CHECK = "exact_check"  # check.json's key for the level-0 check of a level-4 target
 
 
 def engine_name(target: Target) -> str:
@@ -40,6 +50,9 @@ def run_engine(export_dir: Path, ir_dir: Path, target: Target, out: Path) -> Non
     report) into ``out``."""
     if target.engine != "onnxruntime":  # the recipe's union admits only built engines
         raise ValueError(f"targets: engine {target.engine!r} has no builder")
+    exact = None
+    if check_accuracy(target) != "exact":
+        exact = _exact_check(export_dir / "model.onnx", ir_dir, target)
     record = build_onnxruntime_engine(
         export_dir / "model.onnx",
         out,
@@ -53,8 +66,38 @@ def run_engine(export_dir: Path, ir_dir: Path, target: Target, out: Path) -> Non
     finally:
         del session  # the weights go before anything else is written
         gc.collect()
+    if exact is not None:
+        check[EXACT_CHECK] = exact
     _write_json(out / ENGINE_RECORD, record)
     _write_json(out / CHECK_REPORT, check)
+
+
+def _exact_check(onnx_path: Path, ir_dir: Path, target: Target) -> dict[str, Any]:
+    """`check_graph` "exact" on the exported graph optimized in memory as the target optimizes
+    it, but with MatMulNBits at accuracy level 0 (fp32 activations); nothing is written."""
+    import onnxruntime as ort
+
+    levels = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    options = session_options("exact")  # session.qdq_matmulnbits_accuracy_level = "0"
+    options.graph_optimization_level = levels[target.optimization_level]
+    options.intra_op_num_threads = target.intra_op_num_threads
+    options.log_severity_level = 3  # level "all" warns that its graph is host specific
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    try:
+        return check_graph(IRLayers(ir_dir), session, accuracy="exact")
+    except ExportError as e:
+        raise ExportError(
+            f"engine {engine_name(target)}: the exact check (the graph at MatMulNBits accuracy "
+            f"level 0, before the level-{target.matmul_accuracy_level} engine is built) "
+            f"failed: {e}"
+        ) from None
+    finally:
+        del session  # its weights go before the engine's session loads them
+        gc.collect()
 
 
 def _write_json(path: Path, value: Any) -> None:
