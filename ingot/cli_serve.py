@@ -42,8 +42,8 @@ def register(main: click.Group) -> None:
     @click.argument("artifact")  # a directory, or oci://… pulled into the local store first
     @click.option("--host", default="127.0.0.1", show_default=True)
     @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
-    @click.option(
-        "--max-num-seqs", default=16, show_default=True, type=click.IntRange(min=1),
+    @click.option(  # the default is runtime.generate.DEFAULT_MAX_NUM_SEQS (tested)
+        "--max-num-seqs", default=64, show_default=True, type=click.IntRange(min=1),
         help="Requests running at once.",
     )  # fmt: skip
     @click.option(

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ingot.runtime.generate import Completion
+from ingot.runtime.generate import DEFAULT_MAX_NUM_SEQS, Completion
 from ingot.runtime.kv_pool import KVCacheTooSmall
 from ingot.runtime.model import LoadedModel
 from ingot.runtime.n_best import pick_best
@@ -68,7 +68,7 @@ class LLM:
         model: str | Path,
         *,
         kv_cache_memory: int | None = None,
-        max_num_seqs: int = 16,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         max_num_batched_tokens: int = 2048,
         enable_prefix_caching: bool = True,
     ) -> None:

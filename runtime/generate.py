@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import llguidance
 
 __all__ = [
+    "DEFAULT_MAX_NUM_SEQS",
     "Completion",
     "Generator",
     "GeneratorConfig",
@@ -43,6 +44,11 @@ __all__ = [
     "SchedulerStats",
     "StepOutput",
 ]
+
+
+# Requests decoding at once unless set: enough for a burst of 32 clients to share every step
+# (vLLM's own default is higher still); the KV cache's automatic size follows it.
+DEFAULT_MAX_NUM_SEQS = 64
 
 
 class RequestError(ValueError):
@@ -68,7 +74,7 @@ class GeneratorConfig:
     max_seq_len: int  # prompt + output tokens, from the model
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
-    max_num_seqs: int = 16  # running requests at once
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # running requests at once
     max_num_batched_tokens: int = 2048  # tokens per step: decodes + the padded prefill chunk
     enable_prefix_caching: bool = True
     vocab_size: int | None = None  # prompt token ids are checked against it when known

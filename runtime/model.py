@@ -10,7 +10,7 @@ from ingot.artifacts import EngineInfo, Manifest, safe_relative_path, verify_art
 from ingot.artifacts.signing import check_signature
 from ingot.artifacts.store import resolve_artifact
 from ingot.runtime.engine_select import select_engine
-from ingot.runtime.generate import Generator, GeneratorConfig
+from ingot.runtime.generate import DEFAULT_MAX_NUM_SEQS, Generator, GeneratorConfig
 from ingot.runtime.kv_pool import KVCacheTooSmall, KVPool, kv_numpy_dtype
 from ingot.runtime.memory import available_memory, format_bytes
 from ingot.runtime.session import EngineSession
@@ -47,7 +47,7 @@ class LoadedModel:
         *,
         kv_cache_blocks: int | None = None,
         kv_cache_bytes: int | None = DEFAULT_KV_CACHE_BYTES,
-        max_num_seqs: int = 16,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         max_num_batched_tokens: int = 2048,
         enable_prefix_caching: bool = True,
         require_signature: bool | None = None,

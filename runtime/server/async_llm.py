@@ -28,7 +28,13 @@ from ingot.runtime.generate import Generator, SchedulerStats, StepOutput
 from ingot.runtime.sampling import SamplingParams
 from ingot.runtime.server.metrics import Metrics
 from ingot.runtime.server.protocol import APIError
-from ingot.runtime.server.stream import RequestDelta, RequestStream, ServedModel, TokenLogprob
+from ingot.runtime.server.stream import (
+    RequestDelta,
+    RequestStream,
+    ServedModel,
+    TokenLogprob,
+    put_each_threadsafe,
+)
 
 __all__ = ["AsyncLLM"]
 
@@ -250,6 +256,7 @@ class AsyncLLM:
         for out in outputs:
             grouped.setdefault(out.request_id, []).append(out)
         now = time.monotonic()
+        deliveries = []
         for gen_id, outs in grouped.items():
             live = by_id.get(gen_id)
             if live is None:  # aborted while its step ran
@@ -257,10 +264,9 @@ class AsyncLLM:
             item = self._to_delta(generator, live, outs, now)
             if item.finish_reason is not None:
                 del self._live[live.stream]
-            try:
-                live.stream.put_threadsafe([item])
-            except RuntimeError:  # the handler's event loop is gone
-                self._abort(generator, live.stream)
+            deliveries.append((live.stream, item))
+        for stream in put_each_threadsafe(deliveries):  # their handlers' event loop is gone
+            self._abort(generator, stream)
 
     def _to_delta(
         self, generator: Generator, live: _Live, outs: list[StepOutput], now: float

@@ -19,6 +19,7 @@ from types import FrameType
 
 import uvicorn
 
+from ingot.runtime.generate import DEFAULT_MAX_NUM_SEQS
 from ingot.runtime.model import LoadedModel
 from ingot.runtime.server.app import create_app
 from ingot.runtime.server.async_llm import AsyncLLM
@@ -37,7 +38,7 @@ _BACKSTOP_S = 5.0
 class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
-    max_num_seqs: int = 16
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_queue: int = 64
     kv_cache_bytes: int | None = None  # None: auto (LoadedModel.load)
     max_num_batched_tokens: int = 2048

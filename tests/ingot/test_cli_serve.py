@@ -26,3 +26,13 @@ def test_kv_cache_memory_auto():
     assert ByteSize(auto=True).convert("64MiB", None, None) == 64 << 20
     with pytest.raises(click.BadParameter, match="is not a size"):
         ByteSize().convert("auto", None, None)  # --max-request-bytes has no auto
+
+
+def test_max_num_seqs_default_is_the_runtimes():
+    # The CLI keeps its default as a literal (importing the runtime would slow `ingot --help`).
+    from ingot.cli import main
+    from ingot.runtime.generate import DEFAULT_MAX_NUM_SEQS
+
+    serve = main.commands["serve"]
+    [option] = [p for p in serve.params if p.name == "max_num_seqs"]
+    assert option.default == DEFAULT_MAX_NUM_SEQS

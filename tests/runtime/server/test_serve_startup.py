@@ -111,9 +111,9 @@ def test_chat_template_flag_serves_chat_and_auto_kv_cache_is_printed(untemplated
     assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
     assert tokens.json()["count"] > 0
     assert process.returncode == 0, output
-    # The default, auto: 16 sequences of 128 tokens at 512 bytes each (plenty of memory here).
+    # The default, auto: 64 sequences of 128 tokens at 512 bytes each (plenty of memory here).
     kv_line = next(line for line in output.splitlines() if "KV cache:" in line)
-    assert "= 2048 tokens (1 MiB, 512 bytes/token, fp32); auto: 0.5 of" in kv_line
+    assert "= 8192 tokens (4 MiB, 512 bytes/token, fp32); auto: 0.5 of" in kv_line
 
 
 @pytest.mark.parametrize(
