@@ -133,11 +133,12 @@ def build(
         lambda tmp: run_export(q_dir, recipe.export, recipe.kv_cache, tmp),
     )
     engine_dirs: dict[str, Path] = {}
+    engine_digests: dict[str, str] = {}
     records, checks = [], []
     for target in recipe.targets:
         name = engine_name(target)
         # The engine stage also reads the IR: it checks the engine it builds against it.
-        e_dir, _ = stage(
+        e_dir, engine_digests[name] = stage(
             f"engine:{name}",
             target.model_dump(mode="json"),
             {"export": x_digest, "quantize": q_digest},
@@ -158,7 +159,16 @@ def build(
         extra_dirs[f"interop/{fmt}"] = i_dir
     eval_fields = {}
     if evaluation is not None:
-        e_dir = _evaluate(stage, evaluation, source.path, q_dir, q_digest, source_digest)
+        # The engine scored is the first target's: the one the runtime prefers.
+        first = engine_name(recipe.targets[0])
+        e_dir = _evaluate(
+            stage,
+            evaluation,
+            source.path,
+            {"quantize": (q_dir, q_digest), "engine": (engine_dirs[first], engine_digests[first])},
+            first,
+            source_digest,
+        )
         measured = json.loads((e_dir / "report.json").read_text())
         # The gate runs before packaging: the previous artifact and every cached stage stay.
         check_perplexity_gate(measured, evaluation.spec.max_delta)
@@ -214,17 +224,46 @@ def _quantize(stage, recipe: Recipe, source_path: Path, source_digest: str, cali
     )
 
 
-def _evaluate(stage, evaluation: EvalWindows, source_path, q_dir, q_digest, source_digest) -> Path:
+def _evaluate(
+    stage,
+    evaluation: EvalWindows,
+    source_path: Path,
+    dirs: dict[str, tuple[Path, str]],
+    engine: str,
+    source_digest: str,
+) -> Path:
+    """The evaluate stage over the quantize stage's IR and the engine stage's output ``dirs``
+    ({"quantize" | "engine": (directory, digest)}); ``engine`` names the engine scored."""
+    (q_dir, q_digest), (e_dir, e_digest) = dirs["quantize"], dirs["engine"]
     # max_delta is left out of the key: changing the gate re-judges, it does not re-measure.
-    e_dir, _ = stage(
+    spec = evaluation.spec.model_dump(mode="json", exclude={"max_delta"})
+    out, _ = stage(
         "evaluate",
-        {"perplexity": evaluation.spec.model_dump(mode="json", exclude={"max_delta"})},
-        {"quantize": q_digest, "source": source_digest, "dataset": evaluation.digest},
+        {"perplexity": spec, "engine": engine},
+        {
+            "quantize": q_digest,
+            "engine": e_digest,
+            "source": source_digest,
+            "dataset": evaluation.digest,
+            "runtime": _runtime_digest(),
+        },
         lambda tmp: run_evaluate(
-            source_path, q_dir, evaluation.windows, evaluation.spec, evaluation.digest, tmp
+            source_path, q_dir, e_dir, evaluation.windows, evaluation.spec, evaluation.digest, tmp
         ),
     )
-    return e_dir
+    return out
+
+
+def _runtime_digest() -> str:
+    """sha256 of the runtime modules the evaluate stage runs the engine through: they are not
+    in `tool_versions`' build-code digest (a runtime edit must not re-key every stage), but
+    they compute the engine's perplexity."""
+    from ingot.runtime import batch, kv_pool, session
+
+    digest = hashlib.sha256()
+    for module in (batch, kv_pool, session):
+        digest.update(Path(module.__file__).read_bytes())
+    return "sha256:" + digest.hexdigest()
 
 
 def _eval_and_interop_fields(checks: list[dict], eval_fields: dict, extra_dirs: dict) -> dict:

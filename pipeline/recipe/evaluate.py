@@ -1,4 +1,5 @@
-"""The `evaluate` section: quality checks of the quantized model (perplexity, with a gate)."""
+"""The `evaluate` section: quality checks of the quantized model and its engine (perplexity,
+with a gate)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ __all__ = ["Evaluate", "Perplexity"]
 
 
 class Perplexity(_Strict):
-    """Perplexity of the original and the quantized model on the same fixed token windows."""
+    """Perplexity of the original model, the quantized IR and the first engine, same windows."""
 
     dataset: str = Field(
         min_length=1,
@@ -34,8 +35,9 @@ class Perplexity(_Strict):
     max_delta: float | None = Field(
         default=None,
         ge=0,
-        description="Gate: fail the build (before packaging) when quantized minus original "
-        "perplexity exceeds this. None: report only.",
+        description="Gate: fail the build (before packaging) when the engine's perplexity "
+        "(the first target's, as the runtime runs it) minus the original's exceeds this. "
+        "None: report only.",
     )
 
 
@@ -43,5 +45,6 @@ class Evaluate(_Strict):
     """Quality checks of the quantized model, reported in the artifact's eval/."""
 
     perplexity: Perplexity | None = Field(
-        default=None, description="Perplexity before and after quantization."
+        default=None,
+        description="Perplexity of the original model, the quantized IR and the engine.",
     )

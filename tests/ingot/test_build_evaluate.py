@@ -31,7 +31,7 @@ ASYM_INT4 = [
 ]
 
 
-def _recipe(tmp_path: Path, name: str, max_delta: float | None) -> Path:
+def _recipe(tmp_path: Path, name: str, max_delta: float | None, **overrides) -> Path:
     shutil.copyfile(DEMO / "pydoc-heldin.txt", tmp_path / "eval.txt")
     perplexity = {"dataset": "eval.txt", "seq_len": 64, "max_windows": 4, "max_delta": max_delta}
     return write_recipe(
@@ -41,6 +41,7 @@ def _recipe(tmp_path: Path, name: str, max_delta: float | None) -> Path:
         export={"max_seq_len": 64},
         evaluate={"perplexity": perplexity},
         interop=["gptq", "awq", "compressed-tensors"],
+        **{"targets": [{"engine": "onnxruntime", "matmul_accuracy_level": 4}], **overrides},
     )
 
 
@@ -62,10 +63,18 @@ def test_evaluate_interop_and_the_gate(tmp_path):
         "original",
         "quantized",
         "delta",
+        "engine",
+        "engine_delta",
+        "engine_name",
         "max_delta",
     }
     assert (ppl["dataset"], ppl["windows"], ppl["seq_len"]) == ("eval.txt", 4, 64)
     assert ppl["delta"] == pytest.approx(ppl["quantized"] - ppl["original"], abs=1e-5)
+    assert ppl["engine_delta"] == pytest.approx(ppl["engine"] - ppl["original"], abs=1e-5)
+    # The engine (int8 activations) is scored as it serves: close to the IR, not equal to it.
+    assert ppl["engine_name"] == "onnxruntime-cpu"
+    assert ppl["engine"] != ppl["quantized"]
+    assert ppl["engine"] == pytest.approx(ppl["quantized"], rel=0.02)
     assert "export_check" in manifest.eval
     report = json.loads((first.artifact / "eval" / "report.json").read_text())["perplexity"]
     assert report["original"] == ppl["original"] and report["tokens_scored"] == 4 * 63
@@ -85,9 +94,7 @@ def test_evaluate_interop_and_the_gate(tmp_path):
     events: list[tuple[str, str]] = []
     with pytest.raises(EvalGateError) as err:
         build(strict, tmp_path / "out", cache=cache, on_stage=lambda s, e: events.append((s, e)))
-    assert f"{ppl['quantized']:.4f}" in str(err.value) and f"{ppl['original']:.4f}" in str(
-        err.value
-    )
+    assert f"{ppl['engine']:.4f}" in str(err.value) and f"{ppl['original']:.4f}" in str(err.value)
     assert ("evaluate", "cached") in events  # the gate re-judges; it does not re-measure
     assert ("package", "start") not in events
     assert _files(first.artifact) == before
@@ -96,3 +103,15 @@ def test_evaluate_interop_and_the_gate(tmp_path):
     again = build(_recipe(tmp_path, "c.yaml", 100.0), tmp_path / "out", cache=cache)
     assert all(s.cached for s in again.stages if s.stage != "package")
     assert again.digest == first.digest
+
+    # Another engine is measured again (its digest is in the evaluate stage's key): at
+    # accuracy level 0 it computes the IR's numbers.
+    exact = [{"engine": "onnxruntime", "matmul_accuracy_level": 0}]
+    level0 = build(
+        _recipe(tmp_path, "d.yaml", 100.0, targets=exact), tmp_path / "out0", cache=cache
+    )
+    runs = {s.stage: s.cached for s in level0.stages}
+    assert runs["quantize"] and runs["export"] and not runs["evaluate"]
+    ppl0 = verify_artifact(level0.artifact).eval["perplexity"]
+    assert ppl0["original"] == ppl["original"] and ppl0["quantized"] == ppl["quantized"]
+    assert ppl0["engine"] == pytest.approx(ppl0["quantized"], rel=1e-5)

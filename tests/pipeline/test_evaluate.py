@@ -1,4 +1,5 @@
-"""Perplexity: fixed windows, the same number transformers computes, text loading, the gate."""
+"""Perplexity: fixed windows, the same number transformers computes, the engine's through the
+runtime, text loading, the report and the gate."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ingot.pipeline.engines.onnxruntime import build_onnxruntime_engine
 from ingot.pipeline.evaluate import (
     EvalGateError,
     check_perplexity_gate,
@@ -16,13 +18,18 @@ from ingot.pipeline.evaluate import (
     perplexity,
     token_windows,
 )
+from ingot.pipeline.evaluate.engine import engine_perplexity, engine_pool_layout
 from ingot.pipeline.evaluate.perplexity import tokenize
 from ingot.pipeline.evaluate.report import perplexity_report, render_markdown
+from ingot.pipeline.export import export_onnx
 from ingot.pipeline.model.load import load_model
+from ingot.pipeline.quantize.apply import quantize_model
+from ingot.pipeline.recipe.quantize import quantize_entry
 
 from fixtures import make_checkpoint
 
 DEMO = Path(__file__).parents[2] / "recipes" / "demo"
+INT4 = {"method": "rtn", "bits": 4, "group_size": 32, "symmetric": True, "ignore": ["lm_head"]}
 
 
 def test_windows_are_consecutive_and_non_overlapping():
@@ -76,7 +83,7 @@ def test_text_files_and_jsonl_fields(tmp_path):
         load_eval_text("empty.txt", base_dir=tmp_path)
 
 
-def _report(original: float, quantized: float) -> dict:
+def _report(original: float, quantized: float, engine: float | None = None) -> dict:
     ppl = perplexity_report(
         dataset="eval.txt",
         dataset_sha256="sha256:00",
@@ -84,22 +91,72 @@ def _report(original: float, quantized: float) -> dict:
         windows=3,
         original=original,
         quantized=quantized,
+        engine=quantized if engine is None else engine,
+        engine_name="onnxruntime-cpu",
+        matmul_accuracy_level=4,
     )
     return {"perplexity": ppl}
 
 
-def test_gate_message_gives_both_numbers_and_the_limit():
-    report = _report(10.0, 10.75)
+def test_gate_message_gives_the_numbers_and_the_limit():
+    report = _report(10.0, 10.5, 10.75)
     check_perplexity_gate(report, None)
     check_perplexity_gate(report, 0.75)  # equal to the limit passes
     with pytest.raises(EvalGateError) as err:
         check_perplexity_gate(report, 0.5)
     message = str(err.value)
     assert "10.7500" in message and "10.0000" in message and "0.5" in message
+    assert "10.5000" in message and "onnxruntime-cpu" in message and "level 4" in message
     assert "evaluate.perplexity.max_delta" in message
 
 
+def test_the_gate_judges_the_engine_that_ships():
+    check_perplexity_gate(_report(10.0, 10.75, 10.25), 0.5)  # the IR's delta is not judged
+    with pytest.raises(EvalGateError):
+        check_perplexity_gate(_report(10.0, 10.25, 10.75), 0.5)
+
+
 def test_markdown_report():
-    text = render_markdown(_report(10.0, 10.5))
-    assert "| original (float) | 10.0000 |" in text
-    assert "| delta | +0.5000 (+5.00%) |" in text
+    text = render_markdown(_report(10.0, 10.5, 10.6))
+    assert "| original (float, PyTorch) | 10.0000 | |" in text
+    assert "| quantized IR (PyTorch) | 10.5000 | +0.5000 (+5.00%) |" in text
+    assert (
+        "| engine `onnxruntime-cpu` (MatMulNBits accuracy level 4, int8 activations) "
+        "| 10.6000 | +0.6000 (+6.00%) |"
+    ) in text
+
+
+def _engine(model, tmp_path: Path, level: int, kv: str = "fp32") -> tuple[Path, dict]:
+    export_onnx(model, tmp_path / "x", max_seq_len=64, kv_dtype=kv, kv_block_size=8)
+    record = build_onnxruntime_engine(
+        tmp_path / "x" / "model.onnx",
+        tmp_path / "e",
+        optimization_level="extended",
+        matmul_accuracy_level=level,
+    )
+    return tmp_path / "e" / "model.onnx", record["session_options"]
+
+
+@pytest.mark.parametrize("kv", ["fp32", "fp16"])
+def test_engine_perplexity_is_the_irs_at_accuracy_level_0(tmp_path, kv):
+    """The engine, run through the runtime's pool, batch and session one window per call,
+    scores what the IR scores (windows of 20 tokens: blocks of 8, the last one partial)."""
+    model = load_model(make_checkpoint(tmp_path / "ck", "llama"))
+    quantize_model(model, [quantize_entry(INT4)])
+    windows = torch.randint(2, 320, (3, 20), generator=torch.Generator().manual_seed(0))
+    engine_file, options = _engine(model, tmp_path, level=0, kv=kv)
+    assert engine_pool_layout(engine_file)["block_size"] == 8
+    ours = engine_perplexity(engine_file, options, windows.numpy())
+    # fp16 KV: the engine attends to K/V rounded to fp16, as the runtime stores them.
+    assert ours == pytest.approx(perplexity(model, windows), rel=1e-5 if kv == "fp32" else 2e-4)
+
+
+def test_engine_perplexity_sees_int8_activations(tmp_path):
+    model = load_model(make_checkpoint(tmp_path / "ck", "llama"))
+    quantize_model(model, [quantize_entry(INT4)])
+    windows = torch.randint(2, 320, (3, 20), generator=torch.Generator().manual_seed(0))
+    engine_file, options = _engine(model, tmp_path, level=4)
+    ours = engine_perplexity(engine_file, options, windows.numpy())
+    ir = perplexity(model, windows)
+    # random weights, 3 windows: 0.13% apart here; at level 0 it would be 2e-7
+    assert ours != pytest.approx(ir, rel=1e-5) and ours == pytest.approx(ir, rel=0.1)
