@@ -212,6 +212,12 @@ class BlockTable:
         self.num_tokens = 0
 
 
+def _zero_filled(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    array = np.empty(shape, dtype)
+    array.fill(0)
+    return array
+
+
 def slots_of(block_ids: list[int], block_size: int, positions: np.ndarray) -> np.ndarray:
     """Pool slot of each token position [n] of a sequence whose blocks are `block_ids`."""
     table = np.asarray(block_ids, dtype=np.int64)
@@ -241,8 +247,11 @@ class KVPool:
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # zeros, not empty: masked slots still go through the attention matmul, and garbage
         # (NaN) there would poison the output even with a zero weight.
-        self.k = [np.zeros(shape, dtype) for _ in range(num_layers)]
-        self.v = [np.zeros(shape, dtype) for _ in range(num_layers)]
+        # Zero-filled by writing, not np.zeros' lazily mapped pages: otherwise the first write
+        # to every page faults inside a decode step (tens of µs per step of a fresh server),
+        # and the resident size would creep up instead of being what the log line says.
+        self.k = [_zero_filled(shape, dtype) for _ in range(num_layers)]
+        self.v = [_zero_filled(shape, dtype) for _ in range(num_layers)]
         # Reshapes of contiguous arrays are views: writing through them writes the pool.
         # [NB*B, Hkv*D] views: a slot is one row, whatever shape the new K/V come in.
         self._k_flat = [a.reshape(num_blocks * block_size, -1) for a in self.k]
