@@ -28,6 +28,7 @@ def test_demo_calibrated_build_matches_ir(tmp_path, method):
     recipe["calibration"].update(
         dataset=str(demo / "pydoc-heldin.txt"), samples=4, seq_len=64
     )  # fast settings
+    recipe["evaluate"]["perplexity"]["dataset"] = str(demo / "pydoc-heldin.txt")
     recipe["targets"][0]["matmul_accuracy_level"] = 0  # fp32 activations: the IR's numbers
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))

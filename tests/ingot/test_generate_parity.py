@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ingot.pipeline.build import build
 from ingot.pipeline.cache import StageCache
@@ -45,7 +46,12 @@ def test_runtime_greedy_matches_ir(tmp_path, variant):
 
 @pytest.mark.slow
 def test_demo_artifact_greedy_matches_ir(tmp_path):
-    recipe = REPO / "recipes" / "demo.yaml"
+    demo = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())
+    demo["source"]["path"] = str(REPO / "recipes" / "demo" / "pydoc-tiny")
+    demo["targets"] = EXACT
+    del demo["evaluate"]
+    recipe = tmp_path / "demo.yaml"
+    recipe.write_text(yaml.safe_dump(demo))
     artifact = build(recipe, tmp_path / "demo", cache=StageCache(tmp_path / "cache")).artifact
     generator = LoadedModel.load(artifact).generator()
     prompts = ["The os module provides", ".. function:: iskeyword(s)\n\n   Return"]
