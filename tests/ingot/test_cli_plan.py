@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from ingot.cli import main
@@ -44,6 +45,23 @@ def test_plan_json_is_consistent_and_scales_with_the_recipe(tmp_path):
     quantize = {s["stage"]: s for s in doubled["stages"]}["quantize"]
     assert quantize["peak_bytes"] > stages["quantize"]["peak_bytes"]
     assert quantize["seconds"] > stages["quantize"]["seconds"]
+
+
+def test_int8_activations_add_the_exact_checks_time_to_the_engine_stage(tmp_path):
+    # demo.yaml builds at level 4 (checked exactly at level 0 first); the same at level 0 not.
+    base = REPO / "recipes/demo.yaml"
+    text = base.read_text().replace("demo/", str(REPO / "recipes" / "demo") + "/")
+    assert "matmul_accuracy_level: 4" in text
+    seconds = {}
+    for level in (4, 0):
+        recipe = tmp_path / f"level{level}.yaml"
+        level_text = text.replace("matmul_accuracy_level: 4", f"matmul_accuracy_level: {level}")
+        recipe.write_text(level_text)
+        out = CliRunner().invoke(main, ["plan", "--recipe", str(recipe), "--json"]).output
+        engine = {s["stage"]: s for s in json.loads(out)["stages"]}["engine:onnxruntime-cpu"]
+        seconds[level] = engine["seconds"]
+    factor = json.loads(out)["constants"]["exact_check_factor"]
+    assert seconds[4] == pytest.approx(seconds[0] * (1 + factor))
 
 
 def test_plan_refuses_a_bad_recipe(tmp_path):
