@@ -23,7 +23,7 @@ from ingot.runtime.logits import LogitsProcessor
 from ingot.runtime.outputs import Completion, SchedulerStats, StepOutput
 from ingot.runtime.sampling import (
     SamplingParams,
-    logsumexp,
+    logsumexp_rows,
     make_rng,
     sample,
     token_logprobs,
@@ -298,17 +298,27 @@ class Generator:
         inputs = build_inputs(seqs, self.config.sliding_window)
         last, new_kv = self.session.run(inputs)  # [S, V]: each sequence's last new token
         inputs.write_kv(self.pool, new_kv)
+        # What every row needs, in one vector operation each rather than one call per row.
+        normalizers = logsumexp_rows(last)  # [S]
+        argmaxes = last.argmax(axis=-1)  # [S]
         outputs = []
         for s, chunk in enumerate(chunks):
             self.scheduler.cache_computed_blocks(chunk.seq)
             if chunk.completes:  # else a prefill chunk that is not the prompt's last
-                outputs.append(self._append(self._requests[chunk.seq.id], last[s]))
+                req = self._requests[chunk.seq.id]
+                outputs.append(self._append(req, last[s], normalizers[s], int(argmaxes[s])))
         return outputs
 
-    def _append(self, req: _Request, logits: np.ndarray) -> StepOutput:
-        """Sample `req`'s next token from its logits [V] and check its stop conditions."""
+    def _append(
+        self, req: _Request, logits: np.ndarray, normalizer: float, argmax: int
+    ) -> StepOutput:
+        """Sample `req`'s next token from its logits [V] (whose logsumexp and argmax are given)
+        and check its stop conditions."""
         params = req.params
-        token = sample(req.processor.process(logits), params, req.rng)
+        if params.temperature == 0 and not req.processor.active:
+            token = argmax  # greedy on the raw logits: what sample() would return
+        else:
+            token = sample(req.processor.process(logits), params, req.rng)
         logprob = top = None
         if params.logprobs is not None:
             logprob, top = token_logprobs(logits, token, params.logprobs)
@@ -316,7 +326,7 @@ class Generator:
             req.top_logprobs.append(top)
             req.cumulative_logprob += logprob
         else:
-            req.cumulative_logprob += float(logits[token]) - logsumexp(logits)
+            req.cumulative_logprob += float(logits[token]) - float(normalizer)
         req.seq.token_ids.append(token)
         req.processor.accept(token)
         num_out = len(req.seq.token_ids) - req.seq.num_prompt_tokens

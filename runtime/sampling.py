@@ -21,7 +21,7 @@ __all__ = [
     "MAX_LOGPROBS",
     "SamplingParams",
     "fan_out",
-    "logsumexp",
+    "logsumexp_rows",
     "make_rng",
     "sample",
     "token_logprobs",
@@ -219,11 +219,13 @@ def _nucleus_superset(scaled: np.ndarray, top_p: float) -> tuple[np.ndarray, flo
     return np.arange(vocab), mass
 
 
-def logsumexp(logits: np.ndarray) -> float:
-    """log(sum(exp(logits))) of logits [V]: the normalizer of the model's distribution."""
-    top = logits.max()
+def logsumexp_rows(logits: np.ndarray) -> np.ndarray:
+    """log(sum(exp(row))) of each row of logits [S, V] -> [S] float64: the normalizers of the
+    model's distributions, in one pass over the batch."""
+    top = logits.max(axis=-1)  # [S]
     # float32 exp even of float16 logits: their sum would overflow float16.
-    return float(top + np.log(np.exp(logits - top, dtype=np.float32).sum()))
+    sums = np.exp(logits - top[:, None], dtype=np.float32).sum(axis=-1)
+    return top.astype(np.float64) + np.log(sums)
 
 
 def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, dict[int, float]]:

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ingot.runtime.sampling import SamplingParams, make_rng, sample
+from ingot.runtime.sampling import SamplingParams, logsumexp_rows, make_rng, sample
 
 
 def _draws(logits, params, n=2000, seed=0):
@@ -116,3 +116,13 @@ def test_defaults_and_stop_string_normalization():
     assert params.stop == ["###"] and params.max_tokens == 16 and params.top_k == 0
     assert SamplingParams().stop == [] and SamplingParams().stop is not SamplingParams().stop
     assert not hasattr(params, "__dict__")  # slotted
+
+
+def test_logsumexp_rows_is_each_rows_normalizer():
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((5, 4096)) * 8).astype(np.float32)
+    logits[2] += 1000.0  # large logits must not overflow exp
+    want = [np.log(np.exp(row.astype(np.float64) - row.max()).sum()) + row.max() for row in logits]
+    np.testing.assert_allclose(logsumexp_rows(logits), want, rtol=1e-6)
+    half = logits.astype(np.float16)
+    np.testing.assert_allclose(logsumexp_rows(half), logsumexp_rows(half.astype(np.float32)))
