@@ -65,7 +65,6 @@ from decode_peers import (  # noqa: E402
     ORTGENAI,
     build_ortgenai,
     missing_peer,
-    peer_version,
     set_ortgenai_threads,
 )
 from decode_report import write_reports  # noqa: E402
@@ -80,7 +79,7 @@ from ort_artifacts import (  # noqa: E402
     gguf_available,
     prune_stale_caches,
 )
-from paths import data_dir, models_dir, peer_python  # noqa: E402
+from paths import data_dir, models_dir, peer_python, peer_version  # noqa: E402
 from traffic import FLOAT32, INT4_G32, Q4_0, decode_traffic, mean_decode_context  # noqa: E402
 from worker import WorkerFailed, run_worker  # noqa: E402
 

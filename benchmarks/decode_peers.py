@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_models import BenchModel
-from paths import bench_cache_dir
+from paths import bench_cache_dir, peer_version
 
 __all__ = [
     "LLAMA_CPP",
@@ -23,7 +23,6 @@ __all__ = [
     "ORTGENAI",
     "ORTGENAI_BUILDER_OPTIONS",
     "build_ortgenai",
-    "peer_version",
     "set_ortgenai_threads",
 ]
 
@@ -41,16 +40,6 @@ ORTGENAI_BUILDER_OPTIONS = [
     "int4_block_size=32",
     "int4_accuracy_level=4",
 ]
-
-
-def peer_version(python: Path, distribution: str) -> str | None:
-    """`distribution`'s version in `python`'s environment; None if either is missing."""
-    script = f"from importlib.metadata import version; print(version({distribution!r}))"
-    try:
-        done = subprocess.run([str(python), "-c", script], capture_output=True, text=True)
-    except OSError:  # no such interpreter
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def missing_peer(peer: str, distribution: str, python: Path) -> dict[str, Any] | None:

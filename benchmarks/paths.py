@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -54,6 +55,16 @@ def peer_python(peer: str) -> Path:
     """The interpreter of a peer's own virtualenv. Not resolved: the venv's `python` is a link
     to the base interpreter, and only the link's path makes it use the venv's packages."""
     return VENVS / peer / "bin" / "python"
+
+
+def peer_version(python: Path, distribution: str) -> str | None:
+    """`distribution`'s version in `python`'s environment; None if either is missing."""
+    script = f"from importlib.metadata import version; print(version({distribution!r}))"
+    try:
+        done = subprocess.run([str(python), "-c", script], capture_output=True, text=True)
+    except OSError:  # no such interpreter
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def peer_requirements(peer: str) -> Path:

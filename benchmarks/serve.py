@@ -72,7 +72,7 @@ sys.path.insert(0, str(HERE))  # sibling helper modules; benchmarks/ is not a pa
 
 import httpx  # noqa: E402
 from machine import LoadWatch, machine_info  # noqa: E402
-from paths import data_dir, models_dir, peer_python  # noqa: E402
+from paths import data_dir, models_dir, peer_python, peer_version  # noqa: E402
 from serve_client import run_requests, run_sequential  # noqa: E402
 from serve_report import write_reports  # noqa: E402
 from serve_server import (  # noqa: E402
@@ -329,7 +329,7 @@ def _build_ortgenai(tmp: Path, args: argparse.Namespace) -> tuple[dict[str, Any]
     command += ["--extra_options", *ORTGENAI_OPTIONS]
     _log("building the onnxruntime-genai model: " + " ".join(command[2:]))
     record: dict[str, Any] = {"command": " ".join(["python", *command[1:]])}
-    version = _peer_version(python, ORTGENAI)
+    version = peer_version(python, ORTGENAI)
     if version is None:
         error = (
             f"{ORTGENAI} is not installed for {python}: run benchmarks/peers/setup.sh {ORTGENAI}"
@@ -352,7 +352,7 @@ def _build_ortgenai(tmp: Path, args: argparse.Namespace) -> tuple[dict[str, Any]
 def _build_vllm_export(tmp: Path, args: argparse.Namespace) -> tuple[dict[str, Any], Path | None]:
     """The compressed-tensors checkpoint vLLM serves: interop/compressed-tensors of a build
     that differs from the benchmark's only in lm_head (float)."""
-    version = _peer_version(args.vllm_python, VLLM_DISTRIBUTION)
+    version = peer_version(args.vllm_python, VLLM_DISTRIBUTION)
     if version is None:
         error = (
             f"{VLLM_DISTRIBUTION} is not installed for {args.vllm_python}: run "
@@ -368,16 +368,6 @@ def _build_vllm_export(tmp: Path, args: argparse.Namespace) -> tuple[dict[str, A
     config = json.loads((export / "config.json").read_text())
     record["quantization_config"] = config.get("quantization_config")
     return record, export
-
-
-def _peer_version(python: Path, distribution: str) -> str | None:
-    """`distribution`'s version in `python`'s environment; None if either is missing."""
-    script = f"from importlib.metadata import version; print(version({distribution!r}))"
-    try:
-        done = subprocess.run([str(python), "-c", script], capture_output=True, text=True)
-    except OSError:  # no such interpreter
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 class _Loads:
