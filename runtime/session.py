@@ -62,8 +62,8 @@ class EngineSession:
         self._check_interface(pool)
         # Engines exported before `logits_indices` existed return logits
         # for every position; run() then picks the rows itself.
-        names = {i.name for i in self._session.get_inputs()}
-        self._inputs = [n for n in _STEP_INPUTS if n in names]
+        graph_inputs = {i.name for i in self._session.get_inputs()}
+        self._inputs = [n for n in _STEP_INPUTS if n in graph_inputs]
 
         self._binding = self._session.io_binding()
         self._pool_values = []  # keeps the OrtValues (and so the aliases) alive
@@ -77,10 +77,10 @@ class EngineSession:
                     raise SessionError(f"{name}: binding copied the pool array; it must alias it")
                 self._binding.bind_ortvalue_input(name, value)
                 self._pool_values.append(value)
-        names = ["logits"] + [
+        outputs = ["logits"] + [
             f"new_{kv}_{layer}" for layer in range(pool.num_layers) for kv in ("k", "v")
         ]
-        self._outputs = _OutputBuffers(self._session, names)
+        self._outputs = _OutputBuffers(self._session, outputs)
 
     def run(self, batch: Batch) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """logits [N, V] float32 for the batch's `logits_indices` rows, and per layer
