@@ -78,11 +78,11 @@ def _concatenated(modules: Sequence[nn.Module], name: str) -> nn.Module | None:
     bias = torch.cat([m.bias.detach() for m in modules]) if first.bias is not None else None
     if all(type(m) is nn.Linear for m in modules):
         weight = torch.cat([m.weight.detach() for m in modules])  # [sum N, K]
-        fused = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-        with torch.no_grad():
-            fused.weight.copy_(weight)
-            if bias is not None:
-                fused.bias.copy_(bias)
+        # On the meta device: no initialized weight to allocate, only to replace.
+        fused = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+        fused.weight = nn.Parameter(weight, requires_grad=False)
+        if bias is not None:
+            fused.bias = nn.Parameter(bias, requires_grad=False)
         return fused
     if not all(isinstance(m, QuantizedLinear) for m in modules):
         return None
