@@ -16,6 +16,7 @@ __all__ = [
     "build_onnxruntime_engine",
     "load_onnxruntime_engine",
     "host_cpu_isa",
+    "ort_optimization_level",
     "ENGINE_NAME",
 ]
 
@@ -57,6 +58,19 @@ def host_cpu_isa(cpuinfo: str | None = None) -> list[str]:
     return [isa for isa in (*_X86_ISA, *_ARM_ISA) if isa in flags]
 
 
+def ort_optimization_level(name: str) -> Any:
+    """ORT's GraphOptimizationLevel for a recipe's or a record's level name."""
+    import onnxruntime as ort
+
+    levels = ort.GraphOptimizationLevel
+    return {
+        "disable_all": levels.ORT_DISABLE_ALL,
+        "basic": levels.ORT_ENABLE_BASIC,
+        "extended": levels.ORT_ENABLE_EXTENDED,
+        "all": levels.ORT_ENABLE_ALL,
+    }[name]
+
+
 def build_onnxruntime_engine(
     onnx_path: Path,
     out_dir: Path,
@@ -81,14 +95,9 @@ def build_onnxruntime_engine(
     """
     import onnxruntime as ort
 
-    levels = {
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }
-    if optimization_level not in levels:
+    if optimization_level not in ("basic", "extended", "all"):
         raise ValueError(
-            f"optimization_level: {optimization_level!r} (allowed: {', '.join(levels)})"
+            f"optimization_level: {optimization_level!r} (allowed: basic, extended, all)"
         )
     if matmul_accuracy_level not in (0, 1, 2, 3, 4):
         raise ValueError(f"matmul_accuracy_level: {matmul_accuracy_level} (allowed: 0-4)")
@@ -98,7 +107,7 @@ def build_onnxruntime_engine(
         (out_dir / stale).unlink(missing_ok=True)
 
     options = ort.SessionOptions()
-    options.graph_optimization_level = levels[optimization_level]
+    options.graph_optimization_level = ort_optimization_level(optimization_level)
     # ORT warns that level "all" output is host specific: the record's cpu_isa says so instead.
     options.log_severity_level = 3
     options.intra_op_num_threads = intra_op_num_threads
@@ -152,13 +161,8 @@ def load_onnxruntime_engine(engine_file: Path, session_options: dict[str, Any]) 
     need prepacked weights; without prepacking ORT computes them in fp32)."""
     import onnxruntime as ort
 
-    levels = {
-        "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }
     options = ort.SessionOptions()
-    options.graph_optimization_level = levels[session_options["graph_optimization_level"]]
+    level = session_options["graph_optimization_level"]
+    options.graph_optimization_level = ort_optimization_level(level)
     options.intra_op_num_threads = session_options.get("intra_op_num_threads", 0)
     return ort.InferenceSession(str(engine_file), options, providers=["CPUExecutionProvider"])

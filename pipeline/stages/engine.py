@@ -23,7 +23,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..engines.onnxruntime import build_onnxruntime_engine, load_onnxruntime_engine
+from ..engines.onnxruntime import (
+    build_onnxruntime_engine,
+    load_onnxruntime_engine,
+    ort_optimization_level,
+)
 from ..export.check import check_graph, session_options
 from ..export.errors import ExportError
 from ..quantize.ir_layers import IRLayers
@@ -77,13 +81,8 @@ def _exact_check(onnx_path: Path, ir_dir: Path, target: Target) -> dict[str, Any
     it, but with MatMulNBits at accuracy level 0 (fp32 activations); nothing is written."""
     import onnxruntime as ort
 
-    levels = {
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }
     options = session_options("exact")  # session.qdq_matmulnbits_accuracy_level = "0"
-    options.graph_optimization_level = levels[target.optimization_level]
+    options.graph_optimization_level = ort_optimization_level(target.optimization_level)
     options.intra_op_num_threads = target.intra_op_num_threads
     options.log_severity_level = 3  # level "all" warns that its graph is host specific
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
