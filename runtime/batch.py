@@ -28,7 +28,9 @@ class Batch:
     block_tables: np.ndarray  # [S, MB] int64, 0 where padded (masked)
     context_lens: np.ndarray  # [S] int64: tokens already in the pool
     attention_mask: np.ndarray  # [S, 1, Q, MB*B + Q] bool, True = attend
-    logits_indices: np.ndarray  # [S] int64: row s*Q + n_s - 1, each sequence's last new token
+    # [N] int64 rows s*Q + q whose logits the call computes; build_inputs: each sequence's
+    # last new token (N = S), which is what sampling reads. Scoring every row sets arange(S*Q).
+    logits_indices: np.ndarray
     slots: np.ndarray  # [T] int64 pool slots of every real new token, sequence by sequence
     real_rows: np.ndarray | None  # [T] their rows in the call's S*Q; None: every row is real
 
