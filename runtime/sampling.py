@@ -24,6 +24,8 @@ __all__ = [
     "logsumexp_rows",
     "make_rng",
     "sample",
+    "sample_verified",
+    "sampling_distribution",
     "token_logprobs",
 ]
 
@@ -169,6 +171,37 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     """One token id from logits [V]."""
     if params.temperature == 0:
         return int(np.argmax(logits))
+    candidates, weights = sampling_distribution(logits, params)
+    return _draw(candidates, weights, rng)
+
+
+def sample_verified(
+    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, draft: int
+) -> int:
+    """The token to emit where a drafter proposed `draft`: distributed exactly as `sample`'s.
+
+    Speculative sampling with a point-mass proposal (ngram and greedy drafters propose one
+    token, not a distribution): `draft` is accepted with probability p(draft), else a token is
+    drawn from p with `draft` removed. P(y) = p(d)[y = d] + (1 - p(d)) p(y) / (1 - p(d)) [y != d]
+    = p(y). The caller counts the draft accepted iff the result equals it. Greedy: the argmax.
+    """
+    if params.temperature == 0:
+        return int(np.argmax(logits))
+    candidates, weights = sampling_distribution(logits, params)
+    hit = np.flatnonzero(candidates == draft)
+    if hit.size:
+        if rng.random() * weights.sum() < weights[hit[0]]:
+            return draft
+        weights = weights.copy()
+        weights[hit[0]] = 0.0  # the residual max(p - q, 0) of a point mass q at the draft
+    return _draw(candidates, weights, rng)
+
+
+def sampling_distribution(
+    logits: np.ndarray, params: SamplingParams
+) -> tuple[np.ndarray, np.ndarray]:
+    """What a temperature > 0 `sample` draws from: token ids [C] and their unnormalized
+    probabilities [C] (temperature, then top-k or top-p filtering)."""
     # float64: a low temperature scales logits enough to lose float32 precision in exp.
     scaled = logits.astype(np.float64) / params.temperature  # [V]
     vocab = scaled.shape[0]
@@ -191,9 +224,12 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
         cumulative = np.cumsum(probs)
         keep = min(int(np.searchsorted(cumulative, params.top_p)) + 1, len(probs))
         candidates, probs = candidates[:keep], probs[:keep]
+    return candidates, probs
 
-    # Inverse CDF with one uniform draw: one rng call per token whatever the filtering.
-    cumulative = np.cumsum(probs)
+
+def _draw(candidates: np.ndarray, weights: np.ndarray, rng: np.random.Generator) -> int:
+    """Inverse CDF with one uniform draw: one rng call per token whatever the filtering."""
+    cumulative = np.cumsum(weights)
     index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
     return int(candidates[min(index, len(candidates) - 1)])
 
