@@ -29,7 +29,8 @@ class Batch:
     context_lens: np.ndarray  # [S] int64: tokens already in the pool
     attention_mask: np.ndarray  # [S, 1, Q, MB*B + Q] bool, True = attend
     # [N] int64 rows s*Q + q whose logits the call computes; build_inputs: each sequence's
-    # last new token (N = S), which is what sampling reads. Scoring every row sets arange(S*Q).
+    # last new token (N = S), which is what sampling reads, or with all_logits every real
+    # token (N = T, in `slots` order: what speculative verification reads).
     logits_indices: np.ndarray
     slots: np.ndarray  # [T] int64 pool slots of every real new token, sequence by sequence
     real_rows: np.ndarray | None  # [T] their rows in the call's S*Q; None: every row is real
@@ -47,20 +48,37 @@ class Batch:
                 k, v = k[rows], v[rows]
             pool.write(slots, layer, k, v)  # [T, Hkv*D]
 
+    def write_kv_of(
+        self, pool: KVPool, new_kv: Sequence[tuple[np.ndarray, np.ndarray]], tokens: np.ndarray
+    ) -> None:
+        """Scatter only the real new tokens `tokens` [n] (indices into `slots`) of each layer's
+        new K/V into the pool: speculative verification keeps the accepted tokens' K/V only."""
+        rows = tokens if self.real_rows is None else self.real_rows[tokens]
+        calls, slots = self.input_ids.size, self.slots[tokens]
+        for layer, (k, v) in enumerate(new_kv):
+            pool.write(slots, layer, k.reshape(calls, -1)[rows], v.reshape(calls, -1)[rows])
+
 
 def build_inputs(
-    seqs: Sequence[tuple[BlockTable, Sequence[int], int]], sliding_window: int | None = None
+    seqs: Sequence[tuple[BlockTable, Sequence[int], int]],
+    sliding_window: int | None = None,
+    all_logits: bool = False,
 ) -> Batch:
     """Inputs for sequences given as (block table, new token ids, start position).
 
     The block table must already hold blocks for positions start .. start+n-1 (see
-    `BlockTable.slots_for`); tokens before `start` are read from the pool.
+    `BlockTable.slots_for`); tokens before `start` are read from the pool. With `all_logits`
+    the call computes the logits of every real new token, not only each sequence's last.
     """
     if not seqs:
         raise ValueError("build_inputs needs at least one sequence")
     if all(len(ids) == 1 for _, ids, _ in seqs):
         return _decode_inputs(seqs, sliding_window)
-    return _general_inputs(seqs, sliding_window)
+    batch = _general_inputs(seqs, sliding_window)
+    if all_logits:
+        real = batch.real_rows
+        batch.logits_indices = np.arange(batch.input_ids.size) if real is None else real
+    return batch
 
 
 def _general_inputs(

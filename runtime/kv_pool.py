@@ -200,6 +200,20 @@ class BlockTable:
         self.block_ids.extend(blocks)
         self.num_tokens = len(blocks) * self.block_size
 
+    def truncate(self, num_tokens: int) -> None:
+        """Keep the first `num_tokens` slots; blocks past them go back to the pool.
+
+        Speculative decoding reserves slots for every drafted token and keeps those of the
+        accepted ones only: the rejected tokens' slots are never written and are free again.
+        """
+        if not 0 <= num_tokens <= self.num_tokens:
+            raise ValueError(f"cannot truncate {self.num_tokens} tokens to {num_tokens}")
+        keep = -(-num_tokens // self.block_size)
+        for block in reversed(self.block_ids[keep:]):
+            self.allocator.free(block)
+        del self.block_ids[keep:]
+        self.num_tokens = num_tokens
+
     def release(self) -> None:
         """Drop this sequence's reference to every block (it can be recomputed later).
 
