@@ -71,9 +71,13 @@ class LLM:
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         max_num_batched_tokens: int = 2048,
         enable_prefix_caching: bool = True,
+        speculative_config: dict[str, Any] | bool | None = None,
     ) -> None:
         """`kv_cache_memory`: bytes of KV cache (keys and values of every layer); None sizes it
-        from available memory (half of it, at most `max_num_seqs` sequences of max_seq_len)."""
+        from available memory (half of it, at most `max_num_seqs` sequences of max_seq_len).
+        `speculative_config`: vLLM's dict ({"method": "ngram", "num_speculative_tokens": 4,
+        "prompt_lookup_max": 4}, or method "draft_model" on an artifact built with one); None
+        keeps the artifact's own setting, False turns speculation off."""
         try:
             self.model = LoadedModel.load(
                 resolve_model(model),
@@ -81,6 +85,7 @@ class LLM:
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens,
                 enable_prefix_caching=enable_prefix_caching,
+                speculative_config=speculative_config,
             )
         except KVCacheTooSmall as e:  # in this API's words: kv_cache_memory, not pool blocks
             raise e.worded("kv_cache_memory", f"kv_cache_memory={kv_cache_memory}") from e

@@ -6,6 +6,13 @@ scattered into the pool, full blocks are offered to the prefix cache, and every 
 chunk completed it samples its next token (its logits through the request's LogitsProcessor
 first: penalties, logit_bias, min_tokens, structured output), which is detokenized and checked
 against its stop conditions.
+
+With speculation (runtime/speculative/), the decode call also verifies drafts: each request's
+last token and up to k drafted tokens go in (slots reserved for all of them), the logits of
+every row come out, and the rows are read in order: row i either accepts draft i+1 (greedy:
+it is the argmax; sampled: `sample_verified`, so the output distribution is the target's) or
+emits its own token and ends the request's step; a row past every accepted draft emits the
+bonus token. Only the K/V of the tokens kept are written; the table is cut back to them.
 """
 
 from __future__ import annotations
@@ -26,9 +33,11 @@ from ingot.runtime.sampling import (
     logsumexp_rows,
     make_rng,
     sample,
+    sample_verified,
     token_logprobs,
 )
 from ingot.runtime.scheduler import Chunk, Scheduler, SequenceState
+from ingot.runtime.speculative import DraftState, Speculation
 from ingot.runtime.structured import Matcher, ll_tokenizer
 from ingot.runtime.tokenizer import IncrementalDecoder, TextTokenizer
 
@@ -95,6 +104,7 @@ class _Request:
     cumulative_logprob: float = 0.0  # of the sampled tokens, under the raw logits
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    drafting: DraftState = field(default_factory=DraftState)
 
     @property
     def output_ids(self) -> list[int]:
@@ -106,7 +116,12 @@ class Generator:
     thread calls every method)."""
 
     def __init__(
-        self, session: ModelRunner, pool: KVPool, tokenizer: TextTokenizer, config: GeneratorConfig
+        self,
+        session: ModelRunner,
+        pool: KVPool,
+        tokenizer: TextTokenizer,
+        config: GeneratorConfig,
+        speculation: Speculation | None = None,
     ) -> None:
         if pool.num_blocks * pool.block_size < config.max_seq_len:
             # Otherwise a lone request could need a block nobody else holds to give back.
@@ -118,6 +133,7 @@ class Generator:
         self.pool = pool
         self.tokenizer = tokenizer
         self.config = config
+        self.speculation = speculation
         self.scheduler = Scheduler(
             pool, config.max_num_seqs, config.max_num_batched_tokens, config.enable_prefix_caching
         )
@@ -226,8 +242,8 @@ class Generator:
             if self.has_unfinished():
                 raise OutOfBlocks("no request could be scheduled: the KV pool is held elsewhere")
             return []
-        outputs = self._run(plan.decode) if plan.decode else []
-        return outputs + (self._run(plan.prefill) if plan.prefill else [])
+        outputs = self._decode(plan.decode) if plan.decode else []
+        return outputs + (self._run(plan.prefill, observe=True) if plan.prefill else [])
 
     def generate(
         self,
@@ -293,11 +309,13 @@ class Generator:
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
-    def _run(self, chunks: list[Chunk]) -> list[StepOutput]:
+    def _run(self, chunks: list[Chunk], observe: bool = False) -> list[StepOutput]:
         seqs = [(c.seq.table, c.token_ids, c.start) for c in chunks]
         inputs = build_inputs(seqs, self.config.sliding_window)
         last, new_kv = self.session.run(inputs)  # [S, V]: each sequence's last new token
         inputs.write_kv(self.pool, new_kv)
+        if observe and self.speculation is not None:
+            self.speculation.drafter.observe(inputs, chunks)  # a draft model prefills too
         # What every row needs, in one vector operation each rather than one call per row.
         normalizers = logsumexp_rows(last)  # [S]
         argmaxes = last.argmax(axis=-1)  # [S]
@@ -307,16 +325,107 @@ class Generator:
             if chunk.completes:  # else a prefill chunk that is not the prompt's last
                 req = self._requests[chunk.seq.id]
                 outputs.append(self._append(req, last[s], normalizers[s], int(argmaxes[s])))
+                self._retire_if_finished(req)
         return outputs
 
+    def _decode(self, chunks: list[Chunk]) -> list[StepOutput]:
+        """The decode call: plain, or verifying drafts when this step speculates."""
+        spec = self.speculation
+        if spec is None or not spec.policy.step_drafts(len(chunks)):
+            return self._run(chunks)
+        reqs = [self._requests[c.seq.id] for c in chunks]
+        ks = [self._reserve_drafts(req, spec.policy.num_drafts(req.drafting)) for req in reqs]
+        drafts = spec.drafter.propose([r.seq for r in reqs], ks)
+        for chunk, k, draft in zip(chunks, ks, drafts, strict=True):
+            if len(draft) < k:  # slots reserved for drafts that did not come
+                chunk.seq.table.truncate(chunk.start + 1 + len(draft))
+        if not any(drafts):
+            return self._run(chunks)
+        return self._verify(chunks, drafts)
+
+    def _reserve_drafts(self, req: _Request, k: int) -> int:
+        """Reserve pool slots for up to `k` drafts after `req`'s last token; how many it got.
+
+        No more than the request can still emit (max_tokens, the context) nor than the pool
+        has free: drafts never preempt anybody.
+        """
+        seq = req.seq
+        num_out = len(seq.token_ids) - seq.num_prompt_tokens
+        # A step emits at most k + 1 tokens; the last drafted position must be in context.
+        room = self.config.max_seq_len - len(seq.token_ids)
+        k = min(k, req.params.max_tokens - num_out - 1, room)
+        table = seq.table
+        free = len(table.block_ids) * table.block_size - table.num_tokens
+        k = min(k, free + self.pool.allocator.num_free * table.block_size)
+        if k > 0:
+            table.slots_for(k)
+        return max(k, 0)
+
+    def _verify(self, chunks: list[Chunk], drafts: list[list[int]]) -> list[StepOutput]:
+        """One call over every request's last token and its drafts; see the module docstring."""
+        spec = self.speculation
+        assert spec is not None
+        seqs = [
+            (c.seq.table, [c.token_ids[0], *d], c.start)
+            for c, d in zip(chunks, drafts, strict=True)
+        ]
+        inputs = build_inputs(seqs, self.config.sliding_window, all_logits=True)
+        logits, new_kv = self.session.run(inputs)  # [T, V]: every real token, in order
+        normalizers = logsumexp_rows(logits)  # [T]
+        argmaxes = logits.argmax(axis=-1)  # [T]
+        outputs: list[StepOutput] = []
+        kept: list[int] = []  # tokens (rows of `logits`) whose K/V go into the pool
+        num_kept: list[int] = []
+        row = 0
+        for chunk, draft in zip(chunks, drafts, strict=True):
+            req = self._requests[chunk.seq.id]
+            accepted = 0
+            for i in range(len(draft) + 1):
+                proposal = draft[i] if i < len(draft) else None
+                r = row + i
+                out = self._append(req, logits[r], normalizers[r], int(argmaxes[r]), proposal)
+                outputs.append(out)
+                if out.finished or proposal is None or out.token != proposal:
+                    break
+                accepted += 1
+            if draft:
+                spec.stats.record(len(draft), accepted)
+                spec.policy.update(req.drafting, len(draft), accepted)
+            kept.extend(range(row, row + 1 + accepted))  # its last token and accepted drafts
+            num_kept.append(1 + accepted)
+            row += 1 + len(draft)
+        inputs.write_kv_of(self.pool, new_kv, np.asarray(kept, dtype=np.int64))
+        for chunk, n in zip(chunks, num_kept, strict=True):
+            seq = chunk.seq
+            seq.table.truncate(chunk.start + n)  # rejected drafts' slots go back
+            spec.drafter.accepted(seq)
+            self.scheduler.cache_computed_blocks(seq)
+            self._retire_if_finished(self._requests[seq.id])
+        return outputs
+
+    def _retire_if_finished(self, req: _Request) -> None:
+        """A finished request's blocks go back and its completion waits to be popped."""
+        if req.finish_reason is not None and req.seq.id in self._requests:
+            self.scheduler.finish(req.seq)
+            self._finished[req.seq.id] = self._requests.pop(req.seq.id)
+
     def _append(
-        self, req: _Request, logits: np.ndarray, normalizer: float, argmax: int
+        self,
+        req: _Request,
+        logits: np.ndarray,
+        normalizer: float,
+        argmax: int,
+        draft: int | None = None,
     ) -> StepOutput:
         """Sample `req`'s next token from its logits [V] (whose logsumexp and argmax are given)
-        and check its stop conditions."""
+        and check its stop conditions. With a `draft` in that place, the token is drawn by
+        `sample_verified`: the draft itself if it is accepted. The caller retires a finished
+        request (after writing its K/V)."""
         params = req.params
         if params.temperature == 0 and not req.processor.active:
             token = argmax  # greedy on the raw logits: what sample() would return
+        elif draft is not None:
+            token = sample_verified(req.processor.process(logits), params, req.rng, draft)
         else:
             token = sample(req.processor.process(logits), params, req.rng)
         logprob = top = None
@@ -355,8 +464,6 @@ class Generator:
         text_delta, req.streamed = req.text[req.streamed : end], end
         if reason is not None:
             req.finish_reason = reason
-            self.scheduler.finish(req.seq)
-            self._finished[req.seq.id] = self._requests.pop(req.seq.id)
         return StepOutput(
             req.seq.id,
             token,

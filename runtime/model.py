@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ingot.artifacts import EngineInfo, Manifest, safe_relative_path, verify_artifact
 from ingot.artifacts.signing import check_signature
@@ -14,6 +15,13 @@ from ingot.runtime.generate import DEFAULT_MAX_NUM_SEQS, Generator, GeneratorCon
 from ingot.runtime.kv_pool import KVCacheTooSmall, KVPool, kv_numpy_dtype
 from ingot.runtime.memory import available_memory, format_bytes
 from ingot.runtime.session import EngineSession
+from ingot.runtime.speculative import Speculation, SpeculativeConfig
+from ingot.runtime.speculative.load import (
+    DraftModel,
+    draft_bytes_per_block,
+    make_drafter,
+    resolve_config,
+)
 from ingot.runtime.tokenizer import TextTokenizer
 
 __all__ = ["AUTO_KV_CACHE_FRACTION", "DEFAULT_KV_CACHE_BYTES", "LoadedModel"]
@@ -39,6 +47,8 @@ class LoadedModel:
     max_num_seqs: int
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    speculative: SpeculativeConfig | None = None
+    draft: DraftModel | None = None  # the draft engine, with speculative method draft_model
 
     @classmethod
     def load(
@@ -54,6 +64,7 @@ class LoadedModel:
         verify_key: Path | str | None = None,
         chat_template: str | None = None,
         profile_file_prefix: str | None = None,
+        speculative_config: dict[str, Any] | bool | None = None,
     ) -> LoadedModel:
         """Verify the artifact at `path` (a directory or an `oci://` reference, pulled into the
         local store first), then load it.
@@ -74,6 +85,12 @@ class LoadedModel:
         `chat_template` (template source) replaces the artifact's chat template, or supplies
         one where the artifact has none. `profile_file_prefix` turns on ORT's per-node profiler
         (benchmarks read it through `session.end_profiling()`).
+
+        `speculative_config` (vLLM's keys: method, num_speculative_tokens, prompt_lookup_min,
+        prompt_lookup_max, and ingot's disable_by_batch_size, min_acceptance_rate,
+        backoff_steps): None speculates as the artifact's recipe said (if it did), False turns
+        speculation off, a dict overrides the artifact's settings. A draft model's pool has
+        as many blocks as the target's, and the KV budget pays for both.
         """
         root = resolve_artifact(path)
         check_signature(root, verify_key=verify_key, require=require_signature)
@@ -83,8 +100,15 @@ class LoadedModel:
         for reason in skipped:
             log.info("engine skipped: %s", reason)
 
+        speculative = resolve_config(manifest, speculative_config)
         pool, sized = _make_pool(
-            manifest, engine, kv_cache_blocks, kv_cache_bytes, max_num_seqs, enable_prefix_caching
+            manifest,
+            engine,
+            kv_cache_blocks,
+            kv_cache_bytes,
+            max_num_seqs,
+            enable_prefix_caching,
+            draft_bytes_per_block(manifest, speculative),
         )
         tokens = pool.num_blocks * pool.block_size
         log.info(
@@ -106,6 +130,15 @@ class LoadedModel:
             engine.session_options,
             profile_file_prefix=profile_file_prefix,
         )
+        draft = None
+        if speculative is not None and speculative.method == "draft_model":
+            draft = DraftModel.open(root, manifest, engine.name, pool.num_blocks)
+        if speculative is not None:
+            log.info(
+                "speculative decoding: %s, %d tokens per step",
+                speculative.method,
+                speculative.num_speculative_tokens,
+            )
         return cls(
             root,
             manifest,
@@ -116,6 +149,8 @@ class LoadedModel:
             max_num_seqs,
             max_num_batched_tokens,
             enable_prefix_caching,
+            speculative,
+            draft,
         )
 
     @property
@@ -132,7 +167,11 @@ class LoadedModel:
             enable_prefix_caching=self.enable_prefix_caching,
             vocab_size=self.manifest.model.vocab_size,
         )
-        return Generator(self.session, self.pool, self.tokenizer, config)
+        speculation = None
+        if self.speculative is not None:
+            drafter = make_drafter(self.speculative, self.draft, self.sliding_window)
+            speculation = Speculation(self.speculative, drafter)
+        return Generator(self.session, self.pool, self.tokenizer, config, speculation)
 
 
 def _make_pool(
@@ -142,12 +181,14 @@ def _make_pool(
     budget_bytes: int | None,
     max_num_seqs: int,
     prefix_caching: bool,
+    draft_per_block: int = 0,
 ) -> tuple[KVPool, str]:
-    """The pool, and how its size was chosen (for the log line)."""
+    """The pool, and how its size was chosen (for the log line). A budget pays for a draft
+    model's pool too (`draft_per_block` bytes per block, the same number of blocks)."""
     graph = manifest.graph
     shape = (graph.num_layers, graph.kv_block_size, graph.num_kv_heads, graph.head_dim)
     dtype = kv_numpy_dtype(graph.kv_dtype)
-    per_block = KVPool.bytes_per_block(*shape, dtype)
+    per_block = KVPool.bytes_per_block(*shape, dtype) + draft_per_block
     max_seq_len = manifest.model.max_seq_len
     blocks_per_seq = -(-max_seq_len // graph.kv_block_size)
     full = max_num_seqs * blocks_per_seq  # what max_num_seqs full-length sequences can use

@@ -34,6 +34,7 @@ class SequenceState:
     table: BlockTable
     block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks
     num_cached_blocks: int = 0  # leading blocks of `table` the prefix cache knows
+    num_draft_computed: int = 0  # leading tokens in a draft model's pool (speculative/)
 
     @property
     def num_computed(self) -> int:
@@ -185,6 +186,7 @@ class Scheduler:
         self.running.remove(seq)
         seq.table.release()
         seq.num_cached_blocks = 0
+        seq.num_draft_computed = 0
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 

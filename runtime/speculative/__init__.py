@@ -1,0 +1,75 @@
+"""Speculative decoding: a drafter proposes tokens, the target verifies them in one call.
+
+`Speculation` is what a Generator is given: the config, the policy (when to draft) and the
+drafter (ngram.py: prompt lookup; draft_model.py: a small model in the artifact). The
+verification itself (acceptance, K/V of accepted tokens only) is in runtime/generate.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ingot.runtime.batch import Batch
+from ingot.runtime.scheduler import Chunk, SequenceState
+from ingot.runtime.speculative.config import METHODS, SpeculativeConfig
+from ingot.runtime.speculative.policy import DraftPolicy, DraftState
+
+__all__ = [
+    "METHODS",
+    "DraftState",
+    "Drafter",
+    "SpecDecodeStats",
+    "Speculation",
+    "SpeculativeConfig",
+]
+
+
+class Drafter(Protocol):
+    def propose(self, seqs: Sequence[SequenceState], ks: Sequence[int]) -> list[list[int]]:
+        """Up to ks[i] draft tokens to follow each sequence's last token."""
+        ...
+
+    def observe(self, batch: Batch, chunks: Sequence[Chunk]) -> None:
+        """The target ran a prefill `batch`: a drafter with a model computes it too."""
+        ...
+
+    def accepted(self, seq: SequenceState) -> None:
+        """`seq`'s verification is done; its table holds the kept tokens only."""
+        ...
+
+
+@dataclass(slots=True)
+class SpecDecodeStats:
+    """Cumulative counters, vLLM's spec_decode metrics."""
+
+    num_drafts: int = 0  # verifications of at least one drafted token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # [k]: accepted at draft i
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        if len(self.accepted_per_position) < drafted:
+            self.accepted_per_position += [0] * (drafted - len(self.accepted_per_position))
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per verification: the accepted drafts plus the target's own token."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+
+@dataclass(slots=True)
+class Speculation:
+    config: SpeculativeConfig
+    drafter: Drafter
+    policy: DraftPolicy = field(init=False)
+    stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+
+    def __post_init__(self) -> None:
+        self.policy = DraftPolicy(self.config)

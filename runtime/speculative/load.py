@@ -1,0 +1,97 @@
+"""The speculation an artifact is served with: its recipe's default, or what the caller asks.
+
+`resolve_config` merges a caller's vLLM-style dict over the artifact's record
+(manifest.speculative); `DraftModel.open` opens the draft engine of a draft_model artifact on
+its own pool, with as many blocks as the target's (the target's block tables address both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ingot.artifacts import Manifest, safe_relative_path
+from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
+from ingot.runtime.session import EngineSession
+from ingot.runtime.speculative.config import SpeculativeConfig
+from ingot.runtime.speculative.draft_model import DraftModelDrafter
+from ingot.runtime.speculative.ngram import NgramDrafter
+
+__all__ = ["DraftModel", "draft_bytes_per_block", "make_drafter", "resolve_config"]
+
+_RECORDED = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+
+
+def resolve_config(
+    manifest: Manifest, requested: dict[str, Any] | bool | None
+) -> SpeculativeConfig | None:
+    """None: the artifact's own speculation (none if it records none); False: none; a dict:
+    those keys over the artifact's."""
+    if requested is False:
+        return None
+    recorded = getattr(manifest, "speculative", None)
+    default = None
+    if recorded is not None:
+        default = SpeculativeConfig(**{k: getattr(recorded, k) for k in _RECORDED})
+    if requested is None or requested is True:
+        return default
+    config = SpeculativeConfig.from_dict(requested, default)
+    if config.method == "draft_model" and (recorded is None or recorded.draft is None):
+        raise ValueError(
+            "speculative method draft_model needs an artifact built with a draft model "
+            "(recipe speculative.method: draft_model)"
+        )
+    return config
+
+
+def draft_bytes_per_block(manifest: Manifest, config: SpeculativeConfig | None) -> int:
+    """What the draft's pool adds to each block of the target's (0 without a draft model)."""
+    if config is None or config.method != "draft_model":
+        return 0
+    graph = manifest.speculative.draft.graph
+    return KVPool.bytes_per_block(
+        graph.num_layers,
+        graph.kv_block_size,
+        graph.num_kv_heads,
+        graph.head_dim,
+        kv_numpy_dtype(graph.kv_dtype),
+    )
+
+
+@dataclass(slots=True)
+class DraftModel:
+    """The draft engine's session over its own pool."""
+
+    session: EngineSession
+    pool: KVPool
+
+    @classmethod
+    def open(cls, root: Path, manifest: Manifest, engine_name: str, num_blocks: int) -> DraftModel:
+        draft = manifest.speculative.draft
+        engines = {e.name: e for e in draft.engines}
+        if engine_name not in engines:
+            raise ValueError(
+                f"the draft model has no engine {engine_name!r} (it has {sorted(engines)})"
+            )
+        engine, graph = engines[engine_name], draft.graph
+        pool = KVPool(
+            graph.num_layers,
+            num_blocks,
+            graph.kv_block_size,
+            graph.num_kv_heads,
+            graph.head_dim,
+            kv_numpy_dtype(graph.kv_dtype),
+        )
+        path = safe_relative_path(root, engine.path)
+        return cls(EngineSession(path, pool, engine.session_options), pool)
+
+
+def make_drafter(
+    config: SpeculativeConfig, draft: DraftModel | None, sliding_window: int | None
+) -> NgramDrafter | DraftModelDrafter:
+    if config.method == "ngram":
+        return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
+    if draft is None:
+        raise ValueError("speculative method draft_model needs the artifact's draft model")
+    return DraftModelDrafter(draft.session, draft.pool, sliding_window)
