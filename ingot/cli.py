@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from ingot.cli_errors import UserError, report
+from ingot.cli_speculative import SPECULATIVE_HELP, SpeculativeConfigParam
 
 __all__ = ["main"]
 
@@ -138,6 +139,9 @@ def schema() -> None:
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
 @click.option("--seed", default=None, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the token ids and text as JSON.")
+@click.option(
+    "--speculative-config", type=SpeculativeConfigParam(), default=None, help=SPECULATIVE_HELP
+)
 def generate(
     artifact: str,
     prompt: str,
@@ -146,6 +150,7 @@ def generate(
     top_p: float,
     seed: int | None,
     as_json: bool,
+    speculative_config: dict[str, Any] | bool | None,
 ) -> None:
     """Generate text from an artifact (greedy at temperature 0)."""
     from ingot.artifacts import ArtifactError
@@ -153,9 +158,11 @@ def generate(
 
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
     try:
-        model = LoadedModel.load(artifact)
+        model = LoadedModel.load(artifact, speculative_config=speculative_config)
     except ArtifactError as e:
         raise UserError(f"refusing to load {artifact}: {e}") from e
+    except ValueError as e:  # the speculative config (the artifact verified)
+        raise UserError(f"--speculative-config: {e}") from e
     generator = model.generator()
     if as_json:
         [completion] = generator.generate([prompt], params)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ingot.cli_errors import UserError
+from ingot.cli_speculative import SPECULATIVE_HELP, SpeculativeConfigParam
 
 __all__ = ["register"]
 
@@ -86,6 +87,10 @@ def register(main: click.Group) -> None:
         "--chat-template", type=click.Path(exists=True, dir_okay=False), default=None,
         help="Jinja chat template file, used instead of the artifact's (or where it has none).",
     )  # fmt: skip
+    @click.option(
+        "--speculative-config", type=SpeculativeConfigParam(), default=None,
+        help=SPECULATIVE_HELP,
+    )  # fmt: skip
     def serve(
         artifact: str,
         served_model_name: str | None,
@@ -103,15 +108,21 @@ def register(main: click.Group) -> None:
         from ingot.runtime.kv_pool import KVCacheTooSmall
         from ingot.runtime.memory import format_bytes
         from ingot.runtime.server.launch import ServeOptions, run_server
+        from ingot.runtime.speculative.load import resolve_config
 
         template = _read_chat_template(Path(chat_template)) if chat_template else None
 
         try:
             artifact = str(resolve_artifact(artifact))  # oci://…: pull, or reuse the store
             check_signature(artifact, verify_key=verify_key)  # before anything is loaded
-            name = served_model_name or read_manifest(Path(artifact)).name
+            manifest = read_manifest(Path(artifact))
+            name = served_model_name or manifest.name
         except (ArtifactError, RegistryError, InvalidReference) as e:
             raise UserError(f"refusing to serve {artifact}: {e}") from e
+        try:  # before the server starts: a bad config is the user's flag, not a load failure
+            resolve_config(manifest, options["speculative_config"])
+        except ValueError as e:
+            raise UserError(f"--speculative-config: {e}") from e
         # The other options carry ServeOptions' field names; click has checked their values.
         verify_key_file = Path(verify_key) if verify_key else None  # checked again at load
         serve_options = ServeOptions(**options, verify_key=verify_key_file, chat_template=template)

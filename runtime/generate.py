@@ -221,6 +221,7 @@ class Generator:
 
     def stats(self) -> SchedulerStats:
         scheduler = self.scheduler
+        spec = self.speculation.stats if self.speculation is not None else None
         return SchedulerStats(
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
@@ -230,6 +231,10 @@ class Generator:
             prefix_cache_hits=scheduler.prefix_cache_hits,
             num_blocks=self.pool.num_blocks,
             block_size=self.pool.block_size,
+            spec_num_drafts=spec.num_drafts if spec else 0,
+            spec_num_draft_tokens=spec.num_draft_tokens if spec else 0,
+            spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
+            spec_accepted_per_position=tuple(spec.accepted_per_position) if spec else (),
         )
 
     def step(self) -> list[StepOutput]:

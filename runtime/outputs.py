@@ -53,3 +53,8 @@ class SchedulerStats:
     prefix_cache_hits: int  # cumulative, of those, tokens found
     num_blocks: int
     block_size: int
+    # Speculative decoding, cumulative (all 0 without it): vLLM's spec_decode counters.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()

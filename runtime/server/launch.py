@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -49,6 +50,8 @@ class ServeOptions:
     log_level: str = "info"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413
     chat_template: str | None = None  # template source replacing the artifact's
+    # vLLM's speculative_config dict; None: the artifact's recipe; False: off
+    speculative_config: dict[str, Any] | bool | None = None
 
 
 def load_served_model(
@@ -60,6 +63,7 @@ def load_served_model(
     enable_prefix_caching: bool = True,
     verify_key: Path | None = None,
     chat_template: str | None = None,
+    speculative_config: dict[str, Any] | bool | None = None,
 ) -> ServedModel:
     """Verify and load `artifact` (LoadedModel.load logs the engine and the KV pool size);
     `kv_cache_bytes=None` sizes the KV cache from available memory."""
@@ -71,6 +75,7 @@ def load_served_model(
         enable_prefix_caching=enable_prefix_caching,
         verify_key=verify_key,
         chat_template=chat_template,
+        speculative_config=speculative_config,
     )
     info = loaded.manifest.model
     return ServedModel(
@@ -114,6 +119,7 @@ def run_server(artifact: Path | str, model_name: str, options: ServeOptions) -> 
         enable_prefix_caching=options.enable_prefix_caching,
         verify_key=options.verify_key,
         chat_template=options.chat_template,
+        speculative_config=options.speculative_config,
     )
     llm = AsyncLLM(
         load,

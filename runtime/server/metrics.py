@@ -78,6 +78,21 @@ class Metrics:
             "Histogram of end to end request latency in seconds.",
             _E2E_BUCKETS,
         )
+        self.spec_decode_num_drafts = counter(
+            "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."
+        )
+        self.spec_decode_num_draft_tokens = counter(
+            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."
+        )
+        self.spec_decode_num_accepted_tokens = counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
+        )
+        self._spec_accepted_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            ["model_name", "position"],
+            registry=r,
+        )
         self._request_success = Counter(
             "vllm:request_success",
             "Count of finished requests by finish reason (stop, length, abort).",
@@ -86,7 +101,15 @@ class Metrics:
         )
         self._model_name = model_name
         # The scheduler's counters are cumulative; these remember what the Prometheus counters hold.
-        self._seen = {"preemptions": 0, "queries": 0, "hits": 0}
+        self._seen = {
+            "preemptions": 0,
+            "queries": 0,
+            "hits": 0,
+            "drafts": 0,
+            "draft_tokens": 0,
+            "accepted": 0,
+        }
+        self._seen_per_pos: list[int] = []
 
     def observe_stats(self, stats: object) -> None:
         """Copy a `SchedulerStats` snapshot into the gauges and cumulative counters."""
@@ -97,10 +120,22 @@ class Metrics:
             ("preemptions", stats.num_preemptions, self.num_preemptions),
             ("queries", stats.prefix_cache_queries, self.prefix_cache_queries),
             ("hits", stats.prefix_cache_hits, self.prefix_cache_hits),
+            ("drafts", stats.spec_num_drafts, self.spec_decode_num_drafts),
+            ("draft_tokens", stats.spec_num_draft_tokens, self.spec_decode_num_draft_tokens),
+            ("accepted", stats.spec_num_accepted_tokens, self.spec_decode_num_accepted_tokens),
         ):
             if total > self._seen[key]:
                 counter.inc(total - self._seen[key])
                 self._seen[key] = total
+        seen = self._seen_per_pos
+        for position, total in enumerate(stats.spec_accepted_per_position):
+            if position == len(seen):
+                seen.append(0)
+            if total > seen[position]:
+                self._spec_accepted_per_pos.labels(self._model_name, str(position)).inc(
+                    total - seen[position]
+                )
+                seen[position] = total
 
     def request_finished(self, reason: str) -> None:
         self._request_success.labels(self._model_name, reason).inc()

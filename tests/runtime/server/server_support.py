@@ -136,8 +136,15 @@ class LiveServer:
         self.thread.join(30)
 
 
-def artifact_llm(artifact: Path, max_num_seqs: int = 8, max_queue: int = 256, **kw) -> AsyncLLM:
+def artifact_llm(
+    artifact: Path, max_num_seqs: int = 8, max_queue: int = 256, speculative_config=None, **kw
+) -> AsyncLLM:
     def load():
-        return load_served_model(artifact, kv_cache_bytes=4 << 20, max_num_seqs=max_num_seqs)
+        return load_served_model(
+            artifact,
+            kv_cache_bytes=4 << 20,
+            max_num_seqs=max_num_seqs,
+            speculative_config=speculative_config,
+        )
 
     return AsyncLLM(load, Metrics(MODEL), max_queue=max_queue, **kw)

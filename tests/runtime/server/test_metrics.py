@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from server_support import MODEL
+from server_support import MODEL, LiveServer, artifact_llm
 
 NAMES = {  # vLLM's metric -> its Prometheus type
     "vllm:num_requests_running": "gauge",
@@ -59,3 +59,36 @@ def test_metrics_have_vllms_names_and_move(live_server):
     assert moved("vllm:prefix_cache_hits_total") > 0
     assert after["vllm:num_requests_running"] == 0
     assert after["vllm:num_preemptions_total"] >= 0
+
+
+SPEC_NAMES = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+    "vllm:spec_decode_num_accepted_tokens_per_pos",
+)
+
+
+def test_speculative_counters_have_vllms_names_and_move(artifact):
+    config = {"method": "ngram", "num_speculative_tokens": 3}
+    with LiveServer(artifact_llm(artifact, speculative_config=config)) as server:
+        body = {"prompt": "a b c d a b c d a b c d a b", "max_tokens": 100, "temperature": 0}
+        response = httpx.post(f"{server.base_url}/v1/completions", json=body)
+        assert response.status_code == 200
+        assert response.json()["usage"]["completion_tokens"] == 100
+        text = httpx.get(f"{server.base_url}/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in SPEC_NAMES:
+        assert families[name].type == "counter", name
+    total = {
+        name: sum(s.value for s in families[name].samples if s.name.endswith("_total"))
+        for name in SPEC_NAMES
+    }
+    drafts, drafted, accepted, per_position = total.values()
+    assert drafts > 0 and 0 < accepted <= drafted <= 3 * drafts
+    assert per_position == accepted  # each accepted token counted at its draft position
+    positions = {
+        s.labels["position"]
+        for s in families["vllm:spec_decode_num_accepted_tokens_per_pos"].samples
+    }
+    assert positions <= {"0", "1", "2"} and "0" in positions
