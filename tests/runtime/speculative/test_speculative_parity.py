@@ -79,3 +79,56 @@ def test_each_request_alone_equals_plain(artifact, plain):
     ).generator()
     for prompt, expected in zip(PROMPTS, plain, strict=True):
         assert generator.generate([prompt], GREEDY)[0].token_ids == expected
+
+
+def _self_drafting(artifact, **load):
+    """A generator whose draft model is the target itself (its own engine on a second pool),
+    so greedy drafts should all be accepted: what tests the draft's K/V bookkeeping (catch-up,
+    the last accepted draft, rejected slots written again, preemption)."""
+    from ingot.runtime.session import EngineSession
+    from ingot.runtime.speculative import SpeculativeConfig
+    from ingot.runtime.speculative.draft_model import DraftModelDrafter
+    from ingot.runtime.speculative.load import DraftModel
+
+    model = LoadedModel.load(artifact, speculative_config=False, **load)
+    manifest = model.manifest
+    draft_pool = type(model.pool)(
+        manifest.graph.num_layers,
+        model.pool.num_blocks,
+        manifest.graph.kv_block_size,
+        manifest.graph.num_kv_heads,
+        manifest.graph.head_dim,
+        model.pool.dtype,
+    )
+    engine_file = artifact / model.engine.path
+    draft = DraftModel(
+        EngineSession(engine_file, draft_pool, model.engine.session_options), draft_pool
+    )
+    config = SpeculativeConfig("draft_model", num_speculative_tokens=4, min_acceptance_rate=0)
+    model.speculative, model.draft = config, draft
+    generator = model.generator()
+    assert isinstance(generator.speculation.drafter, DraftModelDrafter)
+    return model, generator
+
+
+@pytest.mark.parametrize(
+    ("caching", "kv_cache_blocks", "budget"),
+    [(True, None, 2048), (False, None, 2048), (True, 16, 2048), (True, None, 8)],
+)
+def test_draft_model_greedy_equals_plain(artifact, plain, caching, kv_cache_blocks, budget):
+    model, generator = _self_drafting(
+        artifact,
+        kv_cache_blocks=kv_cache_blocks,
+        max_num_batched_tokens=budget,
+        enable_prefix_caching=caching,
+    )
+    for _ in range(2):
+        completions = generator.generate(PROMPTS, GREEDY)
+        assert [c.token_ids for c in completions] == plain
+    stats = generator.speculation.stats
+    assert stats.num_drafts > 0
+    # The target drafting for itself: every draft but float near-ties is accepted.
+    assert stats.num_accepted_tokens >= 0.9 * stats.num_draft_tokens
+    if kv_cache_blocks is not None:
+        assert generator.stats().num_preemptions > 0
+    assert model.pool.allocator.num_free == model.pool.num_blocks
