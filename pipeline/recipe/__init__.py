@@ -2,11 +2,11 @@
 
 A recipe has one section per concern, each in its own module here: `source` (source.py),
 `calibration` (calibration.py), `quantize` (quantize.py), `kv_cache` and `export` (export.py),
-`targets` (targets.py), `evaluate` (evaluate.py), `interop` (interop.py) and `artifact`
-(artifact.py). recipe.py puts them together into the Recipe, load.py reads a recipe file and
-errors.py turns validation errors into one line per problem. Every model forbids unknown keys
-and is strict (base.py). Checks that need the source model's config live in checks.py (run by
-pipeline/preflight.py).
+`targets` (targets.py), `evaluate` (evaluate.py), `interop` (interop.py), `speculative`
+(speculative.py) and `artifact` (artifact.py). recipe.py puts them together into the Recipe,
+load.py reads a recipe file and errors.py turns validation errors into one line per problem.
+Every model forbids unknown keys and is strict (base.py). Checks that need the source model's
+config live in checks.py (run by pipeline/preflight.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from .load import load_recipe
 from .quantize import CALIBRATED_METHODS, AwqQuantize, GptqQuantize, Quantize, RtnQuantize
 from .recipe import STAGES, Recipe, recipe_json_schema
 from .source import HubSource, LocalSource, Source
+from .speculative import Draft, DraftModelSpeculative, NgramSpeculative, Speculative
 from .targets import OnnxRuntimeTarget, Target
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "AwqQuantize",
     "CALIBRATED_METHODS",
     "Calibration",
+    "Draft",
+    "DraftModelSpeculative",
     "Evaluate",
     "Export",
     "GptqQuantize",
@@ -36,6 +39,7 @@ __all__ = [
     "InteropFormat",
     "KvCache",
     "LocalSource",
+    "NgramSpeculative",
     "OnnxRuntimeTarget",
     "Perplexity",
     "Recipe",
@@ -44,6 +48,7 @@ __all__ = [
     "RtnQuantize",
     "STAGES",
     "Source",
+    "Speculative",
     "Target",
     "format_problem",
     "format_validation_error",

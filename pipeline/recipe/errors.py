@@ -70,6 +70,7 @@ def _format_one(err: Any, file: str, root: type[BaseModel]) -> str:
     if kind == "extra_forbidden":
         _, parent = _walk(root, loc[:-1])
         allowed = ", ".join(_fields_of(parent))
+        what += _for_member(root, loc[:-1])
     elif kind in ("union_tag_invalid", "union_tag_not_found"):
         # The tag field itself is where the user must look: quantize.0.method, not quantize.0.
         tag_field = ctx["discriminator"].strip("'")
@@ -80,6 +81,18 @@ def _format_one(err: Any, file: str, root: type[BaseModel]) -> str:
     got = ctx["tag"] if kind == "union_tag_invalid" else err.get("input")
     path = ".".join(str(s) for s in shown)
     return format_problem(path, what, got, allowed, file=file, show_got=kind not in _NO_GOT)
+
+
+def _for_member(root: type[BaseModel], loc: tuple) -> str:
+    """The suffix `for method rtn` (after a space) when `loc` ends in the tag of a union
+    discriminated by a field: a field only another member has (speculative.draft under method
+    ngram) is unknown to this one, not to the section."""
+    if not loc or not isinstance(loc[-1], str):
+        return ""
+    _, union = _walk(root, loc[:-1])
+    _, meta = _split_annotated(union) if union is not None else (None, [])
+    fields = [m.discriminator for m in meta if isinstance(m, FieldInfo)]
+    return f" for {fields[0]} {loc[-1]}" if fields and isinstance(fields[0], str) else ""
 
 
 def _short_repr(value: Any) -> str:
@@ -118,10 +131,22 @@ def _step_into(tp: Any, seg: str | int) -> Any:
 
 def _split_annotated(tp: Any) -> tuple[Any, list]:
     meta: list = []
-    while get_origin(tp) is Annotated:
-        meta.extend(tp.__metadata__)
-        tp = tp.__origin__
-    return tp, meta
+    while True:
+        if get_origin(tp) is Annotated:
+            meta.extend(tp.__metadata__)
+            tp = tp.__origin__
+        elif (inner := _optional_of(tp)) is not None:
+            tp = inner  # `X | None`: pydantic's loc goes straight into X
+        else:
+            return tp, meta
+
+
+def _optional_of(tp: Any) -> Any:
+    """X of `X | None`, else None."""
+    if get_origin(tp) not in (Union, types.UnionType):
+        return None
+    members = [m for m in get_args(tp) if m is not type(None)]
+    return members[0] if len(members) == 1 and len(get_args(tp)) == 2 else None
 
 
 def _is_discriminated(meta: list) -> bool:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from .errors import RecipeError, format_validation_error
 from .recipe import Recipe
-from .source import LocalSource
+from .source import LocalSource, Source
 
 __all__ = ["load_recipe"]
 
@@ -60,9 +60,18 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
 
 
 def _resolve_source_path(recipe: Recipe, recipe_dir: Path) -> Recipe:
-    # A recipe names its checkpoint relative to itself, so it builds from any working directory.
-    if not isinstance(recipe.source, LocalSource):
-        return recipe
-    resolved = os.path.normpath(recipe_dir / os.path.expanduser(recipe.source.path))
-    source = recipe.source.model_copy(update={"path": resolved})
-    return recipe.model_copy(update={"source": source})
+    # A recipe names its checkpoints relative to itself, so it builds from any working
+    # directory: the target's source and a draft model's.
+    update = {"source": _resolved(recipe.source, recipe_dir)}
+    draft = recipe.draft()
+    if draft is not None:
+        resolved = draft.model_copy(update={"source": _resolved(draft.source, recipe_dir)})
+        update["speculative"] = recipe.speculative.model_copy(update={"draft": resolved})
+    return recipe.model_copy(update=update)
+
+
+def _resolved(source: Source, recipe_dir: Path) -> Source:
+    if not isinstance(source, LocalSource):
+        return source
+    resolved = os.path.normpath(recipe_dir / os.path.expanduser(source.path))
+    return source.model_copy(update={"path": resolved})

@@ -17,6 +17,7 @@ from .export import Export, KvCache
 from .interop import InteropFormat, _check_unique_formats
 from .quantize import CALIBRATED_METHODS, Quantize
 from .source import Source
+from .speculative import Draft, Speculative
 from .targets import OnnxRuntimeTarget, Target, _check_unique_targets
 
 __all__ = ["STAGES", "Recipe", "recipe_json_schema"]
@@ -48,13 +49,19 @@ class Recipe(_Strict):
         "engines: GPTQ v1 (gptq), AWQ GEMM (awq), compressed-tensors pack-quantized, and a GGUF "
         "file for llama.cpp (gguf).",
     )
+    speculative: Speculative | None = Field(
+        default=None,
+        description="Speculative decoding: the runtime's default method, recorded in the "
+        "manifest; method draft_model also builds the draft model into the artifact's draft/.",
+    )
     artifact: Artifact = Field(description="Name and version of the result.")
 
     @model_validator(mode="after")
     def _calibration_for_calibrated_methods(self) -> Recipe:
         needing = [
-            f"quantize.{i} (method {q.method})"
-            for i, q in enumerate(self.quantize)
+            f"{path}.{i} (method {q.method})"
+            for path, entries in self.quantize_lists().items()
+            for i, q in enumerate(entries)
             if q.method in CALIBRATED_METHODS
         ]
         if needing and self.calibration is None:
@@ -65,6 +72,26 @@ class Recipe(_Strict):
                 {"needing": ", ".join(needing)},
             )
         return self
+
+    def draft(self) -> Draft | None:
+        """The draft model to build (`speculative.draft`, method draft_model), or None."""
+        return getattr(self.speculative, "draft", None)
+
+    def draft_quantize(self) -> list[Quantize]:
+        """The draft model's quantize entries: its own list, else the target's."""
+        draft = self.draft()
+        if draft is None:
+            raise ValueError("the recipe builds no draft model")
+        return self.quantize if draft.quantize is None else draft.quantize
+
+    def quantize_lists(self) -> dict[str, list[Quantize]]:
+        """{recipe path: quantize entries} of every model the recipe builds: the target's
+        `quantize`, and a draft model's own `speculative.draft.quantize` when it has one."""
+        lists = {"quantize": self.quantize}
+        draft = self.draft()
+        if draft is not None and draft.quantize is not None:
+            lists["speculative.draft.quantize"] = draft.quantize
+        return lists
 
     def stage_slice(self, stage: str) -> dict[str, Any]:
         """The JSON-able part of the recipe that build stage `stage` depends on (its cache key)."""

@@ -1,0 +1,83 @@
+"""The `speculative` section: how the runtime drafts tokens for the target to verify, and the
+draft model the build compiles for it.
+
+One member per method, discriminated by `method` (a new method, medusa or eagle, is one more
+class in the union): `ngram` builds nothing and is only recorded in the manifest; `draft_model`
+builds a second, smaller checkpoint through the target's stages into the artifact's `draft/`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from .base import _Strict
+from .quantize import Quantize
+from .source import Source
+
+__all__ = ["Draft", "DraftModelSpeculative", "NgramSpeculative", "Speculative"]
+
+_MAX_SPECULATIVE_TOKENS = 16
+
+NumSpeculativeTokens = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=_MAX_SPECULATIVE_TOKENS,
+        description="Tokens proposed per step, verified by the target in one call (1..16).",
+    ),
+]
+
+
+class Draft(_Strict):
+    """The draft checkpoint: built like the target (same kv_cache, export and targets) and
+    packed under the artifact's draft/. Its tokenizer and vocab_size must be the target's."""
+
+    source: Source = Field(description="Where the draft checkpoint comes from (like `source`).")
+    quantize: list[Quantize] | None = Field(
+        default=None,
+        description="Quantization passes of the draft; omitted: the target's `quantize` list "
+        "applied to the draft; []: the draft stays float.",
+    )
+
+
+class NgramSpeculative(_Strict):
+    """Prompt lookup: the runtime proposes the tokens that followed the latest earlier
+    occurrence of the last n-gram; nothing is built."""
+
+    method: Literal["ngram"] = Field(description="Speculative decoding method.")
+    num_speculative_tokens: NumSpeculativeTokens
+    prompt_lookup_min: int = Field(
+        default=1, ge=1, description="Shortest n-gram looked up (vLLM's prompt_lookup_min)."
+    )
+    prompt_lookup_max: int = Field(
+        default=4,
+        ge=1,
+        validate_default=True,  # a min above the default max is refused too
+        description="Longest n-gram looked up (vLLM's prompt_lookup_max); >= prompt_lookup_min.",
+    )
+
+    @field_validator("prompt_lookup_max")
+    @classmethod
+    def _max_not_below_min(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("prompt_lookup_min")
+        if low is not None and value < low:
+            raise PydanticCustomError(
+                "lookup_range", "below prompt_lookup_min", {"allowed": f">= {low}"}
+            )
+        return value
+
+
+class DraftModelSpeculative(_Strict):
+    """A small draft model proposes the tokens; it shares the target's KV block table."""
+
+    method: Literal["draft_model"] = Field(description="Speculative decoding method.")
+    num_speculative_tokens: NumSpeculativeTokens
+    draft: Draft = Field(description="The draft model to build.")
+
+
+# Discriminated by `method`: an unknown method fails with the list of known ones, and a field
+# of another method (draft under ngram, prompt_lookup_* under draft_model) is an unknown field.
+Speculative = Annotated[NgramSpeculative | DraftModelSpeculative, Field(discriminator="method")]
