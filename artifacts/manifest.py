@@ -25,6 +25,7 @@ from ingot.artifacts.paths import MANIFEST_NAME, SIGNATURE_NAME, iter_artifact_f
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "DraftInfo",
     "EngineInfo",
     "FileEntry",
     "FileRef",
@@ -33,6 +34,7 @@ __all__ = [
     "TensorSpec",
     "Manifest",
     "ModelInfo",
+    "SpeculativeInfo",
     "TokenizerInfo",
     "manifest_bytes",
     "read_manifest",
@@ -161,6 +163,41 @@ class EngineInfo(_Strict):
     )
 
 
+class DraftInfo(_Strict):
+    """The draft model of speculative.method draft_model, packed under draft/."""
+
+    model: ModelInfo
+    graph: GraphInfo = Field(
+        description="the draft graph's interface; path = its first engine's (no portable "
+        "graph of the draft is shipped)"
+    )
+    engines: list[EngineInfo] = Field(
+        min_length=1, description="the target's engine names, paths under draft/"
+    )
+
+
+class SpeculativeInfo(_Strict):
+    """The recipe's speculative decoding: the runtime's default method."""
+
+    method: Literal["ngram", "draft_model"]
+    num_speculative_tokens: Positive
+    prompt_lookup_min: Positive = 1
+    prompt_lookup_max: Positive = 4
+    draft: DraftInfo | None = Field(None, description="present iff method is draft_model")
+
+    @model_validator(mode="after")
+    def _draft_iff_draft_model(self) -> SpeculativeInfo:
+        if (self.draft is not None) != (self.method == "draft_model"):
+            has = "has" if self.draft is not None else "lacks"
+            raise ValueError(f"method {self.method} {has} a draft (present iff draft_model)")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) is above prompt_lookup_max "
+                f"({self.prompt_lookup_max})"
+            )
+        return self
+
+
 class Manifest(_Strict):
     """manifest.json, format `ingot.artifact` version 1."""
 
@@ -177,6 +214,9 @@ class Manifest(_Strict):
     eval: dict[str, Any] | None = None
     interop: list[InteropInfo] = Field(
         default_factory=list, description="checkpoints for other engines under interop/"
+    )
+    speculative: SpeculativeInfo | None = Field(
+        None, description="speculative decoding; absent when the recipe has no such section"
     )
     files: list[FileEntry] = Field(description="every file except manifest.json, by path")
 
@@ -196,14 +236,10 @@ class Manifest(_Strict):
         names = [e.name for e in self.engines]
         if len(set(names)) != len(names):
             raise ValueError(f"engine names must be unique, got {names}")
-        # The runtime sizes its KV pool from the graph and checks it against the model; a
-        # disagreement here means the export and the config describe different models.
-        for field in ("num_layers", "num_kv_heads", "head_dim"):
-            if getattr(self.graph, field) != getattr(self.model, field):
-                raise ValueError(
-                    f"graph.{field} ({getattr(self.graph, field)}) differs from "
-                    f"model.{field} ({getattr(self.model, field)})"
-                )
+        _graph_fits_model(self.graph, self.model, "")
+        draft = self.speculative.draft if self.speculative is not None else None
+        if draft is not None:
+            _draft_fits_target(draft, self)
         return self
 
     def referenced_paths(self) -> dict[str, str]:
@@ -214,7 +250,50 @@ class Manifest(_Strict):
         refs["graph.path"] = self.graph.path
         for engine in self.engines:
             refs[f"engines[{engine.name}].path"] = engine.path
+        draft = self.speculative.draft if self.speculative is not None else None
+        if draft is not None:
+            refs["speculative.draft.graph.path"] = draft.graph.path
+            for engine in draft.engines:
+                refs[f"speculative.draft.engines[{engine.name}].path"] = engine.path
         return refs
+
+
+def _graph_fits_model(graph: GraphInfo, model: ModelInfo, prefix: str) -> None:
+    # The runtime sizes its KV pool from the graph and checks it against the model; a
+    # disagreement here means the export and the config describe different models.
+    for field in ("num_layers", "num_kv_heads", "head_dim"):
+        if getattr(graph, field) != getattr(model, field):
+            raise ValueError(
+                f"{prefix}graph.{field} ({getattr(graph, field)}) differs from "
+                f"{prefix}model.{field} ({getattr(model, field)})"
+            )
+
+
+def _draft_fits_target(draft: DraftInfo, manifest: Manifest) -> None:
+    """The runtime shares one block table between the two models and verifies the draft's
+    tokens with the target's logits: same block size, same vocabulary, engines it can pair."""
+    prefix = "speculative.draft."
+    _graph_fits_model(draft.graph, draft.model, prefix)
+    if draft.graph.kv_block_size != manifest.graph.kv_block_size:
+        raise ValueError(
+            f"{prefix}graph.kv_block_size ({draft.graph.kv_block_size}) differs from "
+            f"graph.kv_block_size ({manifest.graph.kv_block_size})"
+        )
+    if draft.model.vocab_size != manifest.model.vocab_size:
+        raise ValueError(
+            f"{prefix}model.vocab_size ({draft.model.vocab_size}) differs from "
+            f"model.vocab_size ({manifest.model.vocab_size})"
+        )
+    names = [e.name for e in draft.engines]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{prefix}engines: names must be unique, got {names}")
+    targets = {e.name for e in manifest.engines}
+    unknown = [n for n in names if n not in targets]
+    if unknown:
+        raise ValueError(
+            f"{prefix}engines: {', '.join(unknown)} not among the target's engines "
+            f"({', '.join(sorted(targets))})"
+        )
 
 
 def reference_problems(manifest: Manifest) -> list[str]:
