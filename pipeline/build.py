@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -13,19 +13,26 @@ from typing import Any
 
 from .cache import StageCache, directory_digest, stage_key
 from .chat_template import recipe_chat_template
+from .draft import resolve_draft
 from .evaluate import check_perplexity_gate, perplexity_summary
 from .evaluate.windows import EvalWindows, eval_windows
 from .interop import write_interop
+from .manifest_fields import (
+    Compiled,
+    eval_and_interop_fields,
+    manifest_fields,
+    speculative_fields,
+)
 from .model.config import ModelConfig
 from .plan import plan_build
 from .preflight import check_recipe_against_model
-from .recipe import Recipe, RecipeError, load_recipe
+from .recipe import Quantize, Recipe, RecipeError, load_recipe
 from .resources import calibration_device, check_resources, require_resources
 from .source import ResolvedSource, resolve_source
-from .stages.calibrate import prepare_calibration
+from .stages.calibrate import PreparedCalibration, prepare_calibration
 from .stages.engine import CHECK_REPORT, ENGINE_RECORD, engine_name, run_engine
 from .stages.evaluate import run_evaluate
-from .stages.export import GRAPH_INFO, run_export
+from .stages.export import run_export
 from .stages.package import run_package
 from .stages.quantize import run_quantize
 
@@ -96,15 +103,22 @@ def build(
     source = resolve_source(recipe.stage_slice("source")["source"])
     model_cfg = ModelConfig.from_hf(source.hf_config)
     check_recipe_against_model(recipe, model_cfg)
+    draft = resolve_draft(recipe, source, model_cfg)  # a draft that cannot serve fails here
     sign_key = _sign_key(recipe, recipe_path)  # a missing key fails before any stage runs
     chat_template = recipe_chat_template(recipe, recipe_path)  # and a missing template
     evaluation = eval_windows(recipe, recipe_path, source.path)  # unreadable data fails here
     calibration = prepare_calibration(recipe, recipe_path, source.path, model_cfg)  # and here
+    draft_calibration = None
+    if draft is not None:  # the same data, tokenized by the draft's (equal) tokenizer
+        draft_calibration = prepare_calibration(
+            recipe, recipe_path, draft.source.path, draft.cfg, draft.quantize
+        )
     cache = cache or StageCache()
     out_dir = Path(out) if out else Path("out") / recipe.artifact.name
     # RAM, GPU and disk the plan estimates against this machine: one line if they do not fit
     needs = plan_build(recipe, recipe_path, source.hf_config, source.path)
-    device = calibration_device(recipe) if calibration is not None else None
+    calibrated = calibration is not None or draft_calibration is not None
+    device = calibration_device(recipe) if calibrated else None
     check = check_resources(needs, cache_dir=cache.root, out_dir=out_dir, device=device)
     require_resources(check)  # unless $INGOT_SKIP_RESOURCE_CHECK=1
     versions = tool_versions()
@@ -125,29 +139,22 @@ def build(
         return path, digest
 
     source_digest = _source_digest(source)
-    q_dir, q_digest = _quantize(stage, recipe, source.path, source_digest, calibration)
-    x_dir, x_digest = stage(
-        "export",
-        recipe.stage_slice("export"),
-        {"quantize": q_digest},
-        lambda tmp: run_export(q_dir, recipe.export, recipe.kv_cache, tmp),
+    target = _compile(
+        stage, recipe, _Model("", source.path, source_digest, recipe.quantize, calibration)
     )
-    engine_dirs: dict[str, Path] = {}
-    engine_digests: dict[str, str] = {}
-    records, checks = [], []
-    for target in recipe.targets:
-        name = engine_name(target)
-        # The engine stage also reads the IR: it checks the engine it builds against it.
-        e_dir, engine_digests[name] = stage(
-            f"engine:{name}",
-            target.model_dump(mode="json"),
-            {"export": x_digest, "quantize": q_digest},
-            lambda tmp, target=target: run_engine(x_dir, q_dir, target, tmp),
+    drafted = None
+    if draft is not None:
+        # The draft goes through the same stages under names of its own (draft-quantize, ...)
+        # with its source in their inputs: neither model's change re-keys the other's stages.
+        model = _Model(
+            "draft-",
+            draft.source.path,
+            _source_digest(draft.source),
+            draft.quantize,
+            draft_calibration,
         )
-        engine_dirs[name] = e_dir
-        records.append(json.loads((e_dir / ENGINE_RECORD).read_text()))
-        checks.append(json.loads((e_dir / CHECK_REPORT).read_text()))
-
+        drafted = _compile(stage, recipe, model)
+    q_dir, q_digest = target.quantize_dir, target.quantize_digest
     extra_dirs: dict[str, Path] = {}  # artifact directory -> stage output copied into it
     for fmt in recipe.stage_slice("interop")["interop"]:
         i_dir, _ = stage(
@@ -165,7 +172,10 @@ def build(
             stage,
             evaluation,
             source.path,
-            {"quantize": (q_dir, q_digest), "engine": (engine_dirs[first], engine_digests[first])},
+            {
+                "quantize": (q_dir, q_digest),
+                "engine": (target.engine_dirs[first], target.engine_digests[first]),
+            },
             first,
             source_digest,
         )
@@ -180,18 +190,27 @@ def build(
         lock["calibration"] = calibration.lock_entry
     if evaluation is not None:
         lock["eval_dataset"] = {"dataset": evaluation.spec.dataset, "text": evaluation.digest}
+    if draft is not None:
+        lock["draft"] = {"source": {"revision": draft.source.revision, "files": draft.source.files}}
+        if draft_calibration is not None:
+            lock["draft"]["calibration"] = draft_calibration.lock_entry
+    fields = {
+        **manifest_fields(recipe, recipe_path, model_cfg, target),
+        **eval_and_interop_fields(target.checks, eval_fields, extra_dirs),
+    }
+    if recipe.speculative is not None:
+        draft_cfg = draft.cfg if draft is not None else None
+        fields["speculative"] = speculative_fields(recipe, draft_cfg, drafted)
     report("package", "start")
     started = time.perf_counter()
     _, digest = run_package(
         out_dir,
         source=source.path,
-        export_dir=x_dir,
-        engine_dirs=engine_dirs,
+        export_dir=target.export_dir,
+        engine_dirs=target.engine_dirs,
+        draft_engine_dirs=drafted.engine_dirs if drafted is not None else None,
         lock=lock,
-        manifest_fields={
-            **_manifest_fields(recipe, recipe_path, model_cfg, q_dir, x_dir, records, checks),
-            **_eval_and_interop_fields(checks, eval_fields, extra_dirs),
-        },
+        manifest_fields=fields,
         extra_dirs=extra_dirs,
         sign_key=sign_key,
         chat_template=chat_template,
@@ -201,21 +220,63 @@ def build(
     return BuildResult(out_dir, digest, runs)
 
 
-def _quantize(stage, recipe: Recipe, source_path: Path, source_digest: str, calibration):
+@dataclass(frozen=True, slots=True)
+class _Model:
+    """One model the recipe compiles: the target (stage names as they are), or the draft
+    (stage names prefixed ``draft-``)."""
+
+    prefix: str
+    source: Path
+    source_digest: str
+    quantize: Sequence[Quantize]
+    calibration: PreparedCalibration | None
+
+
+def _compile(stage, recipe: Recipe, model: _Model) -> Compiled:
+    """[calibrate ->] quantize -> export -> engine per target, for one model, with the recipe's
+    kv_cache, export and targets (a draft's block size must be the target's)."""
+    q_dir, q_digest = _quantize(stage, model)
+    x_dir, x_digest = stage(
+        f"{model.prefix}export",
+        recipe.stage_slice("export"),
+        {"quantize": q_digest},
+        lambda tmp: run_export(q_dir, recipe.export, recipe.kv_cache, tmp),
+    )
+    compiled = Compiled(q_dir, q_digest, x_dir)
+    for target in recipe.targets:
+        name = engine_name(target)
+        # The engine stage also reads the IR: it checks the engine it builds against it.
+        e_dir, compiled.engine_digests[name] = stage(
+            f"{model.prefix}engine:{name}",
+            target.model_dump(mode="json"),
+            {"export": x_digest, "quantize": q_digest},
+            lambda tmp, target=target: run_engine(x_dir, q_dir, target, tmp),
+        )
+        compiled.engine_dirs[name] = e_dir
+        compiled.records.append(json.loads((e_dir / ENGINE_RECORD).read_text()))
+        compiled.checks.append(json.loads((e_dir / CHECK_REPORT).read_text()))
+    return compiled
+
+
+def _quantize(stage, model: _Model) -> tuple[Path, str]:
     """The quantize stage, after a calibrate stage when a GPTQ / AWQ entry needs one."""
-    entries = recipe.quantize  # typed; the cache key is their JSON dump (stage_slice)
+    entries, calibration, source_path = model.quantize, model.calibration, model.source
+    # The slice is the entries' JSON (what Recipe.stage_slice("quantize") gives the target)
+    quantize_slice = {"quantize": [entry.model_dump(mode="json") for entry in entries]}
     if calibration is None:
         return stage(
-            "quantize",
-            recipe.stage_slice("quantize"),
-            {"source": source_digest},
+            f"{model.prefix}quantize",
+            quantize_slice,
+            {"source": model.source_digest},
             lambda tmp: run_quantize(source_path, entries, tmp),
         )
-    data = {"source": source_digest, "dataset": calibration.calibration.dataset_digest}
-    c_dir, c_digest = stage("calibrate", calibration.key_slice, data, calibration.save)
+    data = {"source": model.source_digest, "dataset": calibration.calibration.dataset_digest}
+    c_dir, c_digest = stage(
+        f"{model.prefix}calibrate", calibration.key_slice, data, calibration.save
+    )
     return stage(
-        "quantize",
-        {**recipe.stage_slice("quantize"), "calibration": calibration.key_slice},
+        f"{model.prefix}quantize",
+        {**quantize_slice, "calibration": calibration.key_slice},
         {**data, "calibrate": c_digest},
         lambda tmp, work: run_quantize(
             source_path, entries, tmp, calibration_dir=c_dir, work_dir=work
@@ -266,23 +327,6 @@ def _runtime_digest() -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def _eval_and_interop_fields(checks: list[dict], eval_fields: dict, extra_dirs: dict) -> dict:
-    interop = [
-        {
-            "format": rel.removeprefix("interop/"),
-            "path": rel,
-            "quantization_config": json.loads((d / "config.json").read_text())[
-                "quantization_config"
-            ],
-        }
-        for rel, d in extra_dirs.items()
-        if rel.startswith("interop/")
-    ]
-    # eval.export_check: the first engine's check (the engine preferred at load time); every
-    # engine's own is in its record (engines[i].build.check).
-    return {"eval": {"export_check": checks[0], **eval_fields}, "interop": interop}
-
-
 def _sign_key(recipe: Recipe, recipe_path: Path) -> Path | None:
     """artifact.sign.key, resolved against the recipe's directory like source.path."""
     if recipe.artifact.sign is None:
@@ -298,17 +342,6 @@ def _source_digest(source: ResolvedSource) -> str:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
-def _recipe_as_written(recipe: Recipe, recipe_path: Path) -> dict[str, Any]:
-    """The recipe for the manifest, with the source path relative to the recipe file, so the
-    artifact does not depend on where the checkout lives."""
-    data = recipe.model_dump(mode="json")
-    if "path" in data["source"]:
-        src = Path(data["source"]["path"])
-        if src.is_relative_to(recipe_path.resolve().parent):
-            data["source"]["path"] = src.relative_to(recipe_path.resolve().parent).as_posix()
-    return data
-
-
 def _lock(recipe_path: Path, source: ResolvedSource, runs: list[StageRun], versions) -> dict:
     return {
         "lock_version": 1,
@@ -317,48 +350,4 @@ def _lock(recipe_path: Path, source: ResolvedSource, runs: list[StageRun], versi
         "seeds": {"export_check": 0},
         "stages": {r.stage: {"key": r.key, "output": r.digest} for r in runs},
         "tools": versions,
-    }
-
-
-def _manifest_fields(
-    recipe, recipe_path, cfg: ModelConfig, q_dir, x_dir, records, checks: list[dict]
-) -> dict:
-    graph = json.loads((x_dir / GRAPH_INFO).read_text())
-    quantization = json.loads((q_dir / "quantize.json").read_text())
-    return {
-        "format": "ingot.artifact",
-        "format_version": 1,
-        "name": recipe.artifact.name,
-        "version": recipe.artifact.version,
-        "recipe": _recipe_as_written(recipe, recipe_path),
-        "model": {
-            "architecture": cfg.architecture,
-            "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.hidden_size,
-            "num_layers": cfg.num_layers,
-            "num_heads": cfg.num_heads,
-            "num_kv_heads": cfg.num_kv_heads,
-            "head_dim": cfg.head_dim,
-            "max_seq_len": recipe.export.max_seq_len,
-            "sliding_window": cfg.sliding_window,
-            "bos_token_id": cfg.bos_token_id,
-            "eos_token_ids": list(cfg.eos_token_ids),
-            "tie_word_embeddings": cfg.tie_word_embeddings,
-            "quantization": quantization,
-        },
-        "tokenizer": {"path": "tokenizer.json", "bos_token": None, "eos_token": None},
-        "graph": graph,
-        "engines": [_engine_entry(r, c) for r, c in zip(records, checks, strict=True)],
-        "eval": {"export_check": checks[0]},
-    }
-
-
-def _engine_entry(record: dict, check: dict) -> dict:
-    """The manifest's engine entry: the stage's record, its path inside the artifact, and the
-    check of that engine against the IR under ``build.check`` (the entry's schema admits no
-    new top-level field; ``build`` is free-form and informational)."""
-    return {
-        **record,
-        "path": f"engines/{record['name']}/{Path(record['path']).name}",
-        "build": {**record["build"], "check": check},
     }

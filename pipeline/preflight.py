@@ -1,4 +1,5 @@
-"""Everything a recipe is checked against before any build work: the source model's config.
+"""Everything a recipe is checked against before any build work: the source model's config,
+and a draft model's checkpoint against the target's.
 
 The recipe's own schema (pydantic) is checked when it loads; what needs the model's widths and
 module names is checked here, section by section, and reported together, one line a problem.
@@ -6,12 +7,17 @@ module names is checked here, section by section, and reported together, one lin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .interop.checks import interop_problems
 from .model.config import ModelConfig
 from .recipe import Recipe, RecipeError
-from .recipe.checks import model_problems
+from .recipe.checks import model_problems, quantize_problems
+from .vocabulary import vocabulary_differences
 
-__all__ = ["check_recipe_against_model"]
+__all__ = ["check_draft_against_target", "check_recipe_against_model"]
+
+_DRAFT = "speculative.draft"
 
 
 def check_recipe_against_model(
@@ -22,5 +28,51 @@ def check_recipe_against_model(
     `recipe_file`, when given, prefixes each problem like load_recipe's messages.
     """
     problems = model_problems(recipe, cfg) + interop_problems(recipe, cfg)
+    _raise(problems, recipe_file)
+
+
+def check_draft_against_target(
+    recipe: Recipe,
+    draft: ModelConfig,
+    target: ModelConfig,
+    *,
+    draft_dir: Path,
+    target_dir: Path,
+    recipe_file: str | None = None,
+) -> None:
+    """Raise RecipeError listing every way the draft checkpoint (config `draft`, files in
+    `draft_dir`) cannot serve the target's: the target verifies the draft's token ids with its
+    own logits (same tokenizer, same vocab_size), the draft runs at every position the target
+    does (max_seq_len), and the draft's quantize entries must fit the draft."""
+    source = f"{_DRAFT}.source"
+    problems = []
+    if draft.vocab_size != target.vocab_size:
+        problems.append(
+            f"{source}: vocab_size {draft.vocab_size} in the draft's config.json differs from "
+            f"the target's {target.vocab_size} (the draft's logits must index the target's "
+            "vocabulary)"
+        )
+    problems += [
+        f"{source}: tokenizer.json differs from the target's: {difference}"
+        for difference in vocabulary_differences(
+            target_dir / "tokenizer.json", draft_dir / "tokenizer.json"
+        )
+    ]
+    limit = draft.max_position_embeddings
+    if recipe.export.max_seq_len > limit:
+        problems.append(
+            f"{source}: max_position_embeddings {limit} of the draft is below export.max_seq_len "
+            f"{recipe.export.max_seq_len} (the draft runs at every position the target does)"
+        )
+    if recipe.draft().quantize is not None:
+        problems += quantize_problems(recipe.draft_quantize(), draft, f"{_DRAFT}.quantize")
+    else:  # the target's list, applied to the draft: name the list and where it applies
+        inherited = quantize_problems(recipe.draft_quantize(), draft, "quantize")
+        applied = f"{_DRAFT} (the target's quantize, applied to the draft)"
+        problems += [f"{applied}: {p}" for p in inherited]
+    _raise(problems, recipe_file)
+
+
+def _raise(problems: list[str], recipe_file: str | None) -> None:
     if problems:
         raise RecipeError([f"{recipe_file}: {p}" if recipe_file else p for p in problems])

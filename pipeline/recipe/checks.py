@@ -7,6 +7,7 @@ failing an hour into a build. `pipeline/preflight.py` runs these with the intero
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import get_args
 
 from ..model.architecture import dim_label, dim_size, layer_linear, linear_names
@@ -16,7 +17,7 @@ from .errors import format_problem
 from .quantize import CALIBRATED_METHODS, Quantize, RtnQuantize
 from .recipe import Recipe
 
-__all__ = ["model_problems"]
+__all__ = ["model_problems", "quantize_problems"]
 
 # Group sizes a recipe may ask for (besides -1): the Literal of the field, not a second copy.
 _GROUP_SIZES = tuple(
@@ -26,24 +27,31 @@ _GROUP_SIZES = tuple(
 
 def model_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     """One line per way the recipe's quantize and export sections do not fit the model."""
+    return _check_max_seq_len(recipe, cfg) + quantize_problems(recipe.quantize, cfg, "quantize")
+
+
+def quantize_problems(entries: Sequence[Quantize], cfg: ModelConfig, path: str) -> list[str]:
+    """One line per way the quantize entries at recipe `path` (`quantize`, or a draft model's
+    list) do not fit the model of `cfg`."""
     modules = linear_names(cfg)
-    problems = _check_max_seq_len(recipe, cfg)
+    problems = []
     selected_by: dict[str, list[int]] = {}
-    for index, entry in enumerate(recipe.quantize):
-        pattern_problems = _check_patterns(index, entry, modules)
+    for index, entry in enumerate(entries):
+        at = f"{path}.{index}"
+        pattern_problems = _check_patterns(at, entry, modules)
         problems += pattern_problems
         chosen = selected(entry, modules)
         if not chosen and not pattern_problems:
-            problems.append(f"quantize.{index}: selects no module (its ignore covers its targets)")
-        problems += _check_group_size(index, entry, chosen, cfg)
+            problems.append(f"{at}: selects no module (its ignore covers its targets)")
+        problems += _check_group_size(at, entry, chosen, cfg)
         if entry.method in CALIBRATED_METHODS and "lm_head" in chosen:
             problems.append(
-                f"quantize.{index}.ignore: {entry.method} quantizes decoder-layer linears only "
+                f"{at}.ignore: {entry.method} quantizes decoder-layer linears only "
                 "and lm_head is selected (add lm_head to ignore, or quantize it with an rtn entry)"
             )
         for module in chosen:
             selected_by.setdefault(module, []).append(index)
-    return problems + _check_overlaps(selected_by)
+    return problems + _check_overlaps(path, selected_by)
 
 
 def _check_max_seq_len(recipe: Recipe, cfg: ModelConfig) -> list[str]:
@@ -54,7 +62,7 @@ def _check_max_seq_len(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     return [format_problem("export.max_seq_len", what, recipe.export.max_seq_len, f"<= {limit}")]
 
 
-def _check_patterns(index: int, entry: Quantize, modules: list[str]) -> list[str]:
+def _check_patterns(at: str, entry: Quantize, modules: list[str]) -> list[str]:
     # A pattern that matches nothing is almost always a typo ("layers.0.atn.q_proj").
     problems = []
     example = f"names like {modules[0]}, {modules[1]}, {modules[-1]}, or re:<regex>"
@@ -62,15 +70,11 @@ def _check_patterns(index: int, entry: Quantize, modules: list[str]) -> list[str
         for j, pattern in enumerate(getattr(entry, field)):
             if not any(pattern_matches(pattern, m) for m in modules):
                 what = "matches no module of the source model"
-                problems.append(
-                    format_problem(f"quantize.{index}.{field}.{j}", what, pattern, example)
-                )
+                problems.append(format_problem(f"{at}.{field}.{j}", what, pattern, example))
     return problems
 
 
-def _check_group_size(
-    index: int, entry: Quantize, chosen: list[str], cfg: ModelConfig
-) -> list[str]:
+def _check_group_size(at: str, entry: Quantize, chosen: list[str], cfg: ModelConfig) -> list[str]:
     # Groups run along a weight's input dimension, so the group size must divide the input
     # width of every selected module. Methods without groups (fp8, later) have no group_size.
     group_size = getattr(entry, "group_size", -1)
@@ -84,12 +88,12 @@ def _check_group_size(
     fitting = [g for g in _GROUP_SIZES if all(w % g == 0 for w in widths.values())]
     use = ", ".join(str(g) for g in [*fitting, -1])
     return [
-        f"quantize.{index}.group_size: {group_size} does not divide {' and '.join(bad)} "
+        f"{at}.group_size: {group_size} does not divide {' and '.join(bad)} "
         f"of the source model (use one of: {use})"
     ]
 
 
-def _check_overlaps(selected_by: dict[str, list[int]]) -> list[str]:
+def _check_overlaps(path: str, selected_by: dict[str, list[int]]) -> list[str]:
     # Quantizing a module twice would quantize the already-rounded weights; refuse instead.
     shared: dict[tuple[int, int], list[str]] = {}
     for module, indexes in selected_by.items():
@@ -98,7 +102,7 @@ def _check_overlaps(selected_by: dict[str, list[int]]) -> list[str]:
     problems = []
     for (first, later), modules in shared.items():
         problems.append(
-            f"quantize.{later}.targets: selects {len(modules)} module(s) already selected by "
-            f"quantize.{first} (e.g. {modules[0]}); each module may be quantized only once"
+            f"{path}.{later}.targets: selects {len(modules)} module(s) already selected by "
+            f"{path}.{first} (e.g. {modules[0]}); each module may be quantized only once"
         )
     return problems

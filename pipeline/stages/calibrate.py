@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from ingot.calibration.dataset import CalibrationSet, is_local_dataset, load_cal
 from ..chat_template import chat_template_of
 from ..model.config import ModelConfig
 from ..quantize.layerwise import needs_calibration
-from ..recipe import Recipe, RecipeError
+from ..recipe import Quantize, Recipe, RecipeError
 from ..recipe.errors import format_problem
 
 __all__ = [
@@ -115,11 +116,17 @@ def resolve_device(spec: str, *, file: str | None = None) -> str:
 
 
 def prepare_calibration(
-    recipe: Recipe, recipe_path: Path, source_path: Path, cfg: ModelConfig
+    recipe: Recipe,
+    recipe_path: Path,
+    source_path: Path,
+    cfg: ModelConfig,
+    entries: Sequence[Quantize] | None = None,
 ) -> PreparedCalibration | None:
-    """The recipe's calibration windows and its device resolved on this host, or None when
-    no quantize entry needs them (RTN ignores the whole section, device included)."""
-    if not needs_calibration(recipe.quantize):
+    """The recipe's calibration windows, tokenized by the checkpoint at `source_path` (of
+    config `cfg`), and its device resolved on this host; None when no entry of `entries` (the
+    recipe's `quantize` by default; a draft model's list) needs them (RTN ignores the whole
+    section, device included)."""
+    if not needs_calibration(recipe.quantize if entries is None else entries):
         return None
     settings = DeviceSettings(
         resolve_device(recipe.calibration.device, file=str(recipe_path)),

@@ -18,7 +18,11 @@ from ingot.artifacts.digest import copy_file_sha256, sha256_bytes
 
 from ..chat_template import chat_template_of
 
-__all__ = ["run_package"]
+__all__ = ["DRAFT_DIR", "run_package"]
+
+# A draft model's engines: draft/engines/<name>/ (no portable graph of the draft is shipped:
+# the runtime loads engines only, and the target's model.onnx is the portable one).
+DRAFT_DIR = "draft/"
 
 
 # {path inside the artifact: (size, sha256 hex)} of the files copied so far.
@@ -45,6 +49,7 @@ def run_package(
     export_dir: Path,
     engine_dirs: dict[str, Path],
     lock: dict[str, Any],
+    draft_engine_dirs: dict[str, Path] | None = None,
     manifest_fields: dict[str, Any],
     extra_dirs: dict[str, Path] | None = None,
     sign_key: Path | None = None,
@@ -53,7 +58,8 @@ def run_package(
     """Write the artifact to a sibling temp dir, then swap it in: a failure keeps the old one.
 
     `chat_template` (the recipe's artifact.chat_template, read) is shipped instead of the
-    checkpoint's template."""
+    checkpoint's template; `draft_engine_dirs` (a draft model's engine stages) go under
+    draft/engines/."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -63,6 +69,8 @@ def run_package(
         _copy_tree(export_dir, tmp, tmp, written)  # model.onnx + model.onnx.data
         for name, engine_dir in engine_dirs.items():
             _copy_tree(engine_dir, tmp / "engines" / name, tmp, written)
+        for name, engine_dir in (draft_engine_dirs or {}).items():
+            _copy_tree(engine_dir, tmp / DRAFT_DIR / "engines" / name, tmp, written)
         for rel, stage_dir in (extra_dirs or {}).items():  # eval/, interop/<format>/: as is
             _copy_tree(stage_dir, tmp / rel, tmp, written, with_json=True)
         _copy(source / "tokenizer.json", tmp / "tokenizer.json", tmp, written)
