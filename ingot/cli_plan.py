@@ -60,14 +60,14 @@ def register(main: click.Group) -> None:
             click.echo(json.dumps(report, indent=2))
             return
         m = estimate.model
-        click.echo(
-            f"plan  {recipe_path}: {m['architecture']}, {m['layers']} layers, "
-            f"hidden {m['hidden_size']}, {m['params'] / 1e6:.1f} M params"
-        )
-        click.echo(f"  {'stage':<24} {'peak memory':>12} {'time':>10}  notes")
+        click.echo(f"plan  {recipe_path}: {_model_line(m)}")
+        if "draft" in m:
+            click.echo(f"  draft model: {_model_line(m['draft'])}")
+        width = max(24, *(len(s.stage) for s in estimate.stages))  # draft-engine:... is long
+        click.echo(f"  {'stage':<{width}} {'peak memory':>12} {'time':>10}  notes")
         for s in estimate.stages:
             click.echo(
-                f"  {s.stage:<24} {format_bytes(s.peak_bytes):>12} "
+                f"  {s.stage:<{width}} {format_bytes(s.peak_bytes):>12} "
                 f"{format_seconds(s.seconds):>10}  {s.notes}"
             )
         peak = estimate.peak
@@ -80,3 +80,10 @@ def register(main: click.Group) -> None:
         for line in resources.lines():
             click.echo(f"  {line}")
         click.echo(f"  {resources.verdict()}")
+
+
+def _model_line(model: dict) -> str:
+    return (
+        f"{model['architecture']}, {model['layers']} layers, hidden {model['hidden_size']}, "
+        f"{model['params'] / 1e6:.1f} M params"
+    )

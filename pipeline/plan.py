@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .model.architecture import LAYER_LINEARS, linear_shape
-from .model.config import ModelConfig
-from .recipe import CALIBRATED_METHODS, Quantize, Recipe
+from .model.config import ConfigError, ModelConfig
+from .recipe import CALIBRATED_METHODS, Quantize, Recipe, RecipeError
 from .source import OFFLINE_HINT, hub_cached_snapshot, hub_file, read_config_file, read_config_json
 
 __all__ = [
@@ -122,44 +122,121 @@ def plan_build(
     taken from the shapes, and downloading it is part of the disk need)."""
     cfg = ModelConfig.from_hf(hf_config)
     shapes = _Shapes(cfg)
-    if source_dir is not None:
-        weights = sum(f.stat().st_size for f in source_dir.glob("*.safetensors"))
-    else:
-        weights = shapes.params * 2
-    plan = Plan(
-        {
-            "architecture": cfg.architecture,
-            "layers": cfg.num_layers,
-            "hidden_size": cfg.hidden_size,
-            "params": shapes.params,
-            "weights_bytes_on_disk": weights,
-        }
-    )
+    weights = _weights_on_disk(shapes, source_dir)
+    plan = Plan(_model_summary(shapes, weights))
+    model = _model_stages(recipe, recipe_path, shapes, recipe.quantize, weights)
+    plan.stages += model.stages
+    evaluation = _evaluate(shapes, recipe)
+    draft = _draft_stages(recipe, recipe_path)
+    if draft is not None:  # after the target's engines, as the build runs them
+        plan.model["draft"] = draft.summary
+        plan.stages += draft.stages
+    if evaluation is not None:
+        plan.stages.append(evaluation)
+    engines = len(recipe.targets) * model.onnx_bytes + (draft.engine_bytes if draft else 0)
+    package = CONSTANTS["package_seconds"] + (model.onnx_bytes + engines) / _DISK_RATE
     base = CONSTANTS["runtime_baseline_bytes"]
-    disk = CONSTANTS["disk_bytes_per_second"]
-    plan.stages.append(StageEstimate("source", base, weights / disk, "hash the weight files"))
-    entries = recipe.quantize
+    plan.stages.append(StageEstimate("package", base, package, "copy, hashing"))
+    hub = "hub" in recipe.stage_slice("source")["source"]
+    plan.disk = _disk(
+        recipe, shapes, model.onnx_bytes, weights if hub and source_dir is None else 0
+    )
+    if draft is not None:
+        for what, size in draft.disk.items():
+            plan.disk[what] += size
+    return plan
+
+
+_DISK_RATE = CONSTANTS["disk_bytes_per_second"]
+
+
+def _weights_on_disk(shapes: _Shapes, source_dir: Path | None) -> int:
+    if source_dir is not None:
+        return sum(f.stat().st_size for f in source_dir.glob("*.safetensors"))
+    return shapes.params * 2  # not downloaded yet: bf16 / fp16 weights assumed
+
+
+def _model_summary(shapes: _Shapes, weights: int) -> dict[str, Any]:
+    return {
+        "architecture": shapes.cfg.architecture,
+        "layers": shapes.cfg.num_layers,
+        "hidden_size": shapes.cfg.hidden_size,
+        "params": shapes.params,
+        "weights_bytes_on_disk": weights,
+    }
+
+
+@dataclass(slots=True)
+class _ModelStages:
+    """The estimates of one model's stages (source -> [calibrate] -> quantize -> export ->
+    engine per target) and the exported weights' size they imply."""
+
+    stages: list[StageEstimate]
+    onnx_bytes: int
+    ir_bytes: int
+
+
+def _model_stages(
+    recipe: Recipe,
+    recipe_path: Path,
+    shapes: _Shapes,
+    entries: Sequence[Quantize],
+    weights: int,
+    prefix: str = "",
+) -> _ModelStages:
+    """One model's stages; ``prefix`` names the draft's (``draft-quantize``, ...)."""
+    base = CONSTANTS["runtime_baseline_bytes"]
+    stages = [StageEstimate("source", base, weights / _DISK_RATE, "hash the weight files")]
     calibrated = [e for e in entries if e.method in CALIBRATED_METHODS]
     if calibrated and recipe.calibration is not None:
-        plan.stages.append(_calibrate(recipe, recipe_path))
-        plan.stages.append(_quantize_layerwise(shapes, recipe, calibrated))
+        stages.append(_calibrate(recipe, recipe_path))
+        stages.append(_quantize_layerwise(shapes, recipe, calibrated))
     else:
-        plan.stages.append(_quantize_rtn(shapes, entries, weights))
+        stages.append(_quantize_rtn(shapes, entries, weights))
     onnx_bytes = _quantized_bytes(shapes, entries)
     ir_bytes = _quantized_bytes(shapes, entries, code_bits=8)
-    plan.stages.append(_export(shapes, ir_bytes, onnx_bytes))
+    stages.append(_export(shapes, ir_bytes, onnx_bytes))
     for target in recipe.targets:
         name = f"{target.engine}-{target.device}"
         exact_first = target.matmul_accuracy_level == 4
-        plan.stages.append(_engine(shapes, name, onnx_bytes, exact_first))
-    evaluation = _evaluate(shapes, recipe)
-    if evaluation is not None:
-        plan.stages.append(evaluation)
-    package = CONSTANTS["package_seconds"] + 2 * onnx_bytes / disk  # graph + engine
-    plan.stages.append(StageEstimate("package", base, package, "copy, hashing"))
-    hub = "hub" in recipe.stage_slice("source")["source"]
-    plan.disk = _disk(recipe, shapes, onnx_bytes, weights if hub and source_dir is None else 0)
-    return plan
+        stages.append(_engine(shapes, name, onnx_bytes, exact_first))
+    for estimate in stages:
+        estimate.stage = prefix + estimate.stage
+    return _ModelStages(stages, onnx_bytes, ir_bytes)
+
+
+@dataclass(slots=True)
+class _DraftStages:
+    summary: dict[str, Any]
+    stages: list[StageEstimate]
+    engine_bytes: int  # what its engines add to the artifact
+    disk: dict[str, int]
+
+
+def _draft_stages(recipe: Recipe, recipe_path: Path) -> _DraftStages | None:
+    """The draft model's stages, from its own config.json with the same formulas, or None
+    when the recipe builds no draft."""
+    spec = recipe.draft()
+    if spec is None:
+        return None
+    source = spec.source.model_dump(mode="json")
+    config, local = read_hf_config(source)
+    try:
+        shapes = _Shapes(ModelConfig.from_hf(config))
+    except ConfigError as e:
+        raise RecipeError([f"speculative.draft.source: {e}"]) from None
+    weights = _weights_on_disk(shapes, local)
+    model = _model_stages(
+        recipe, recipe_path, shapes, recipe.draft_quantize(), weights, prefix="draft-"
+    )
+    engines = len(recipe.targets) * model.onnx_bytes
+    download = weights if "hub" in source and local is None else 0
+    disk = {
+        "stage_cache": model.ir_bytes + model.onnx_bytes + engines,
+        "artifact": engines,  # its engines only: no portable graph of the draft
+        "hub_download": download,
+    }
+    return _DraftStages(_model_summary(shapes, weights), model.stages, engines, disk)
 
 
 def _disk(recipe: Recipe, shapes: _Shapes, onnx_bytes: int, download: int) -> dict[str, int]:

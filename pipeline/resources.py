@@ -186,10 +186,11 @@ def require_resources(check: ResourceCheck) -> None:
 
 
 def _gpu_need(plan: Plan) -> Need:
-    # The calibrated quantize stage is what runs on the device: its working set is that
-    # stage's peak without the interpreter and libraries (CONSTANTS["runtime_baseline_bytes"]).
-    stages = {s.stage: s for s in plan.stages}
-    stage = stages.get("quantize") or plan.peak
+    # The calibrated quantize stage is what runs on the device (the target's, or a draft
+    # model's when only the draft calibrates): its working set is that stage's peak without
+    # the interpreter and libraries (CONSTANTS["runtime_baseline_bytes"]).
+    quantize = [s for s in plan.stages if s.stage in ("quantize", "draft-quantize")]
+    stage = max(quantize, key=lambda s: s.gpu_bytes, default=plan.peak)
     needed = stage.gpu_bytes or max(0, stage.peak_bytes - CONSTANTS["runtime_baseline_bytes"])
     free, detail = gpu_memory_available()
     return Need("GPU memory", needed, free, stage.stage, detail=detail)
