@@ -18,6 +18,7 @@ bonus token. Only the K/V of the tokens kept are written; the table is cut back 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -334,10 +335,21 @@ class Generator:
         return outputs
 
     def _decode(self, chunks: list[Chunk]) -> list[StepOutput]:
-        """The decode call: plain, or verifying drafts when this step speculates."""
+        """The decode call: plain, or verifying drafts when this step speculates; with
+        speculation on, the step is timed (whether drafting pays is measured, step_rate.py)."""
         spec = self.speculation
-        if spec is None or not spec.policy.step_drafts(len(chunks)):
+        if spec is None:
             return self._run(chunks)
+        started = time.perf_counter()
+        drafting = spec.step_drafts(len(chunks))
+        outputs = self._speculate(chunks) if drafting else self._run(chunks)
+        spec.rates.record(len(chunks), drafting, len(outputs), time.perf_counter() - started)
+        return outputs
+
+    def _speculate(self, chunks: list[Chunk]) -> list[StepOutput]:
+        """Draft for every request that may, then verify (a plain call if none drafted)."""
+        spec = self.speculation
+        assert spec is not None
         reqs = [self._requests[c.seq.id] for c in chunks]
         ks = [self._reserve_drafts(req, spec.policy.num_drafts(req.drafting)) for req in reqs]
         drafts = spec.drafter.propose([r.seq for r in reqs], ks)

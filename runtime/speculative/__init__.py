@@ -15,6 +15,7 @@ from ingot.runtime.batch import Batch
 from ingot.runtime.scheduler import Chunk, SequenceState
 from ingot.runtime.speculative.config import METHODS, SpeculativeConfig
 from ingot.runtime.speculative.policy import DraftPolicy, DraftState
+from ingot.runtime.speculative.step_rate import StepRates
 
 __all__ = [
     "METHODS",
@@ -70,6 +71,14 @@ class Speculation:
     drafter: Drafter
     policy: DraftPolicy = field(init=False)
     stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    rates: StepRates = field(default_factory=StepRates)
+
+    def step_drafts(self, batch_size: int) -> bool:
+        """Whether a decode step of `batch_size` requests drafts: within the batch-size limit
+        and, when adaptive, where drafting has measured faster (step_rate.py)."""
+        if not self.policy.step_drafts(batch_size):
+            return False
+        return not self.config.adaptive or self.rates.speculate(batch_size)
 
     def __post_init__(self) -> None:
         self.policy = DraftPolicy(self.config)

@@ -29,6 +29,9 @@ class SpeculativeConfig:
     # recent steps) stops drafting for `backoff_steps` steps, then tries again.
     min_acceptance_rate: float = 0.1
     backoff_steps: int = 16
+    # Time decode steps with and without drafts, and stop drafting at batch sizes where it
+    # emits fewer tokens per second (step_rate.py). Off: always draft within the limits above.
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -57,6 +60,8 @@ class SpeculativeConfig:
             raise ValueError(
                 f"min_acceptance_rate must be in [0, 1), got {self.min_acceptance_rate!r}"
             )
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
         if not isinstance(self.backoff_steps, int) or self.backoff_steps < 0:
             raise ValueError(f"backoff_steps must be an integer >= 0, got {self.backoff_steps!r}")
 

@@ -70,7 +70,7 @@ SPEC_NAMES = (
 
 
 def test_speculative_counters_have_vllms_names_and_move(artifact):
-    config = {"method": "ngram", "num_speculative_tokens": 3}
+    config = {"method": "ngram", "num_speculative_tokens": 3, "adaptive": False}
     with LiveServer(artifact_llm(artifact, speculative_config=config)) as server:
         body = {"prompt": "a b c d a b c d a b c d a b", "max_tokens": 100, "temperature": 0}
         response = httpx.post(f"{server.base_url}/v1/completions", json=body)

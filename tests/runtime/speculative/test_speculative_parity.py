@@ -24,6 +24,8 @@ PROMPTS = [
     "import os\nprint(os.path",
 ]
 EXACT = [{"engine": "onnxruntime", "device": "cpu", "matmul_accuracy_level": 0}]
+# Draft in every step: whether drafting is faster here (adaptive) is not what these test.
+ALWAYS = {"adaptive": False}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def test_ngram_greedy_equals_plain(artifact, plain, caching, kv_cache_blocks, bu
         kv_cache_blocks=kv_cache_blocks,
         max_num_batched_tokens=budget,
         enable_prefix_caching=caching,
-        speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3, **ALWAYS},
     )
     generator = model.generator()
     for _ in range(2):  # the second round finds the first one's prompts in the cache
@@ -75,7 +77,7 @@ def test_ngram_greedy_equals_plain(artifact, plain, caching, kv_cache_blocks, bu
 def test_each_request_alone_equals_plain(artifact, plain):
     """One request at a time: every step speculates (no batch-size cut-off)."""
     generator = LoadedModel.load(
-        artifact, speculative_config={"method": "ngram", "num_speculative_tokens": 5}
+        artifact, speculative_config={"method": "ngram", "num_speculative_tokens": 5, **ALWAYS}
     ).generator()
     for prompt, expected in zip(PROMPTS, plain, strict=True):
         assert generator.generate([prompt], GREEDY)[0].token_ids == expected
@@ -104,7 +106,9 @@ def _self_drafting(artifact, **load):
     draft = DraftModel(
         EngineSession(engine_file, draft_pool, model.engine.session_options), draft_pool
     )
-    config = SpeculativeConfig("draft_model", num_speculative_tokens=4, min_acceptance_rate=0)
+    config = SpeculativeConfig(
+        "draft_model", num_speculative_tokens=4, min_acceptance_rate=0, adaptive=False
+    )
     model.speculative, model.draft = config, draft
     generator = model.generator()
     assert isinstance(generator.speculation.drafter, DraftModelDrafter)

@@ -91,3 +91,21 @@ def test_config_keys_override_the_artifact_default():
         5,
         3,
     )
+
+
+def test_step_rates_pick_the_faster_kind_per_batch_size_and_probe_the_other():
+    from ingot.runtime.speculative.step_rate import PROBE_EVERY, WARMUP, StepRates
+
+    rates = StepRates()
+    kinds = []
+    for _ in range(2 * WARMUP):  # warm-up alternates: both kinds get measured
+        kind = rates.speculate(1)
+        kinds.append(kind)
+        # Batch 1: drafting emits 2 tokens in 4 ms, plain 1 in 1 ms.
+        rates.record(1, kind, 2 if kind else 1, 0.004 if kind else 0.001)
+    assert kinds.count(True) == kinds.count(False) == WARMUP
+    decisions = [rates.speculate(1) for _ in range(PROBE_EVERY)]
+    assert decisions.count(True) == 1  # plain is faster: drafting only as a probe
+    assert rates.rates(1) == (1000.0, 500.0)
+    # Batch 8 is its own bucket, still warming up.
+    assert rates.speculate(8) is True

@@ -90,7 +90,9 @@ def _first_two(speculate: bool, n: int, tokenizer) -> Counter:
     spec = None
     if speculate:
         spec = Speculation(
-            SpeculativeConfig("ngram", num_speculative_tokens=3, disable_by_batch_size=64),
+            SpeculativeConfig(
+                "ngram", num_speculative_tokens=3, disable_by_batch_size=64, adaptive=False
+            ),
             FixedDrafter(),
         )
     generator = Generator(TableSession(), pool, tokenizer, config, spec)
