@@ -14,7 +14,7 @@ from __future__ import annotations
 from .artifact import Artifact, ArtifactSign
 from .calibration import Calibration
 from .errors import RecipeError, format_problem, format_validation_error
-from .evaluate import Evaluate, Perplexity
+from .evaluate import Evaluate, Perplexity, SpeculativeEval
 from .export import Export, KvCache
 from .interop import InteropFormat
 from .load import load_recipe
@@ -49,6 +49,7 @@ __all__ = [
     "STAGES",
     "Source",
     "Speculative",
+    "SpeculativeEval",
     "Target",
     "format_problem",
     "format_validation_error",

@@ -25,7 +25,13 @@ _MESSAGES = {
     "missing": "required field missing",
 }
 # For these the "bad value" pydantic reports is the enclosing mapping, not the culprit.
-_NO_GOT = {"extra_forbidden", "missing", "union_tag_not_found", "calibration_missing"}
+_NO_GOT = {
+    "extra_forbidden",
+    "missing",
+    "union_tag_not_found",
+    "calibration_missing",
+    "evaluate_speculative",
+}
 
 
 class RecipeError(Exception):

@@ -73,6 +73,51 @@ class Recipe(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _speculative_evaluation_fits(self) -> Recipe:
+        """evaluate.speculative measures the `speculative` section, on text it can find, in
+        sequences the engine holds, against a threshold it can reach."""
+        spec = self.evaluate.speculative if self.evaluate is not None else None
+        if spec is None:
+            return self
+        where = "evaluate.speculative"
+        problem = None
+        explicit = spec.model_fields_set & {"split", "text_field"}
+        if self.speculative is None:
+            problem = (
+                f"{where}: needs a `speculative` section to measure (it evaluates the recipe's "
+                "speculative decoding: add `speculative: {method: ngram, "
+                "num_speculative_tokens: 4}` or a draft_model)"
+            )
+        elif spec.dataset is None and self.evaluate.perplexity is None:
+            problem = (
+                f"{where}.dataset: required field missing (there is no evaluate.perplexity "
+                "dataset to default to)"
+            )
+        elif spec.dataset is None and explicit:
+            field = sorted(explicit)[0]
+            problem = (
+                f"{where}.{field}: only with {where}.dataset (without it the text is "
+                "evaluate.perplexity's, its split and text_field included)"
+            )
+        elif spec.prompt_tokens + spec.max_tokens > self.export.max_seq_len:
+            problem = (
+                f"{where}: prompt_tokens + max_tokens = {spec.prompt_tokens + spec.max_tokens} "
+                f"exceeds export.max_seq_len {self.export.max_seq_len}"
+            )
+        elif (
+            spec.min_accepted_length is not None
+            and spec.min_accepted_length > self.speculative.num_speculative_tokens + 1
+        ):
+            problem = (
+                f"{where}.min_accepted_length: {spec.min_accepted_length:g} can never be met "
+                f"(at most num_speculative_tokens + 1 = "
+                f"{self.speculative.num_speculative_tokens + 1} tokens per verification)"
+            )
+        if problem is not None:
+            raise PydanticCustomError("evaluate_speculative", "{problem}", {"problem": problem})
+        return self
+
     def draft(self) -> Draft | None:
         """The draft model to build (`speculative.draft`, method draft_model), or None."""
         return getattr(self.speculative, "draft", None)
