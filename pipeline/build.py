@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import time
@@ -14,7 +15,14 @@ from typing import Any
 from .cache import StageCache, directory_digest, stage_key
 from .chat_template import recipe_chat_template
 from .draft import resolve_draft
-from .evaluate import check_perplexity_gate, perplexity_summary
+from .evaluate import (
+    SpeculativePrompts,
+    check_perplexity_gate,
+    check_speculative_gate,
+    perplexity_summary,
+    speculative_prompts,
+    speculative_summary,
+)
 from .evaluate.windows import EvalWindows, eval_windows
 from .interop import write_interop
 from .manifest_fields import (
@@ -107,6 +115,7 @@ def build(
     sign_key = _sign_key(recipe, recipe_path)  # a missing key fails before any stage runs
     chat_template = recipe_chat_template(recipe, recipe_path)  # and a missing template
     evaluation = eval_windows(recipe, recipe_path, source.path)  # unreadable data fails here
+    spec_eval = speculative_prompts(recipe, recipe_path, source.path)  # and too little of it
     calibration = prepare_calibration(recipe, recipe_path, source.path, model_cfg)  # and here
     draft_calibration = None
     if draft is not None:  # the same data, tokenized by the draft's (equal) tokenizer
@@ -165,24 +174,29 @@ def build(
         )
         extra_dirs[f"interop/{fmt}"] = i_dir
     eval_fields = {}
-    if evaluation is not None:
-        # The engine scored is the first target's: the one the runtime prefers.
+    if evaluation is not None or spec_eval is not None:
+        # The engine scored is the first target's: the one the runtime prefers (and the
+        # draft model's engine of that name: the one the runtime pairs with it).
         first = engine_name(recipe.targets[0])
+        dirs = {
+            "source": (source.path, source_digest),
+            "quantize": (q_dir, q_digest),
+            "engine": (target.engine_dirs[first], target.engine_digests[first]),
+        }
+        if drafted is not None:
+            dirs["draft_engine"] = (drafted.engine_dirs[first], drafted.engine_digests[first])
         e_dir = _evaluate(
-            stage,
-            evaluation,
-            source.path,
-            {
-                "quantize": (q_dir, q_digest),
-                "engine": (target.engine_dirs[first], target.engine_digests[first]),
-            },
-            first,
-            source_digest,
+            stage, evaluation, spec_eval, dirs, first, model_cfg, recipe.export.max_seq_len
         )
         measured = json.loads((e_dir / "report.json").read_text())
-        # The gate runs before packaging: the previous artifact and every cached stage stay.
-        check_perplexity_gate(measured, evaluation.spec.max_delta)
-        eval_fields["perplexity"] = perplexity_summary(measured, evaluation.spec.max_delta)
+        # The gates run before packaging: the previous artifact and every cached stage stay.
+        if evaluation is not None:
+            check_perplexity_gate(measured, evaluation.spec.max_delta)
+            eval_fields["perplexity"] = perplexity_summary(measured, evaluation.spec.max_delta)
+        if spec_eval is not None:
+            threshold = spec_eval.spec.min_accepted_length
+            check_speculative_gate(measured, threshold)
+            eval_fields["speculative"] = speculative_summary(measured, threshold)
         extra_dirs["eval"] = e_dir
 
     lock = _lock(recipe_path, source, runs, versions)
@@ -287,44 +301,98 @@ def _quantize(stage, model: _Model) -> tuple[Path, str]:
 
 def _evaluate(
     stage,
-    evaluation: EvalWindows,
-    source_path: Path,
+    evaluation: EvalWindows | None,
+    spec_eval: SpeculativePrompts | None,
     dirs: dict[str, tuple[Path, str]],
     engine: str,
-    source_digest: str,
+    cfg: ModelConfig,
+    max_seq_len: int,
 ) -> Path:
-    """The evaluate stage over the quantize stage's IR and the engine stage's output ``dirs``
-    ({"quantize" | "engine": (directory, digest)}); ``engine`` names the engine scored."""
-    (q_dir, q_digest), (e_dir, e_digest) = dirs["quantize"], dirs["engine"]
-    # max_delta is left out of the key: changing the gate re-judges, it does not re-measure.
-    spec = evaluation.spec.model_dump(mode="json", exclude={"max_delta"})
+    """The evaluate stage over the stage outputs ``dirs`` ({"source" | "quantize" | "engine" |
+    "draft_engine": (directory, digest)}, the draft's with a draft model); ``engine`` names the
+    engine measured. Perplexity with ``evaluation``, speculation with ``spec_eval``."""
+    (s_dir, s_digest), (q_dir, _), (e_dir, e_digest) = (
+        dirs[name] for name in ("source", "quantize", "engine")
+    )
+    slice_: dict[str, Any] = {"engine": engine}
+    inputs = {"engine": e_digest, "source": s_digest}
+    runtime = ["ingot.runtime.batch", "ingot.runtime.kv_pool", "ingot.runtime.session"]
+    if evaluation is not None:
+        # max_delta is left out of the key: changing the gate re-judges, it does not re-measure.
+        slice_["perplexity"] = evaluation.spec.model_dump(mode="json", exclude={"max_delta"})
+        inputs |= {"quantize": dirs["quantize"][1], "dataset": evaluation.digest}
+    draft_dir = None
+    if spec_eval is not None:
+        slice_["speculative"] = spec_eval.key_slice()
+        inputs["speculative_dataset"] = spec_eval.digest
+        if spec_eval.method.method == "draft_model":
+            draft_dir, inputs["draft_engine"] = dirs["draft_engine"]
+        runtime += [
+            "ingot.runtime.generate",
+            "ingot.runtime.speculative.load",
+            "ingot.runtime.speculative.draft_model",
+            "ingot.runtime.speculative.ngram",
+        ]
+    inputs["runtime"] = _runtime_digest(runtime)
     out, _ = stage(
         "evaluate",
-        {"perplexity": spec, "engine": engine},
-        {
-            "quantize": q_digest,
-            "engine": e_digest,
-            "source": source_digest,
-            "dataset": evaluation.digest,
-            "runtime": _runtime_digest(),
-        },
+        slice_,
+        inputs,
         lambda tmp: run_evaluate(
-            source_path, q_dir, e_dir, evaluation.windows, evaluation.spec, evaluation.digest, tmp
+            tmp,
+            source_path=s_dir,
+            ir_dir=q_dir,
+            engine_dir=e_dir,
+            perplexity_windows=evaluation,
+            speculative=spec_eval,
+            draft_engine_dir=draft_dir,
+            cfg=cfg,
+            max_seq_len=max_seq_len,
         ),
     )
     return out
 
 
-def _runtime_digest() -> str:
-    """sha256 of the runtime modules the evaluate stage runs the engine through: they are not
-    in `tool_versions`' build-code digest (a runtime edit must not re-key every stage), but
-    they compute the engine's perplexity."""
-    from ingot.runtime import batch, kv_pool, session
+def _runtime_digest(modules: Sequence[str]) -> str:
+    """sha256 of the runtime modules the evaluate stage runs the engine through and of every
+    runtime module they import (found in their source: ``ingot.runtime.*`` imports, however
+    deep): they are not in `tool_versions`' build-code digest (a runtime edit must not re-key
+    every stage), but they compute the stage's numbers."""
+    import ingot.runtime
 
+    root = Path(ingot.runtime.__file__).parent
+    files: dict[str, Path] = {}
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        file = _runtime_module_file(root, name)
+        if file is None or name in files:
+            continue
+        files[name] = file
+        for node in ast.walk(ast.parse(file.read_bytes())):
+            if isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                # `from ingot.runtime.x import y`: module x, or y when it is a submodule
+                todo += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
     digest = hashlib.sha256()
-    for module in (batch, kv_pool, session):
-        digest.update(Path(module.__file__).read_bytes())
+    for name in sorted(files):
+        digest.update(name.encode())
+        digest.update(files[name].read_bytes())
     return "sha256:" + digest.hexdigest()
+
+
+def _runtime_module_file(root: Path, name: str) -> Path | None:
+    """The source file of runtime module `name` (a package's __init__.py), or None for one
+    outside ingot.runtime, a name that is not a module, or ingot.runtime itself (whose
+    __init__ only re-exports)."""
+    if not name.startswith("ingot.runtime."):
+        return None
+    path = root.joinpath(*name.split(".")[2:])
+    for file in (path.with_suffix(".py"), path / "__init__.py"):
+        if file.is_file():
+            return file
+    return None
 
 
 def _sign_key(recipe: Recipe, recipe_path: Path) -> Path | None:

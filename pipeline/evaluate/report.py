@@ -4,7 +4,8 @@ Three perplexities on the same windows: the original (float) model and the quant
 in torch, and the engine that ships (the artifact's first engine, run by ONNX Runtime as the
 runtime runs it, int8 activations included where its MatMulNBits use them). ``delta`` is the
 quantized IR's against the original, ``engine_delta`` the engine's; the gate judges the
-engine's, since that is what the artifact serves.
+engine's, since that is what the artifact serves. The `speculative` block (mean accepted
+length) is speculative.py's; report.md gets a section per block.
 """
 
 from __future__ import annotations
@@ -58,30 +59,37 @@ def perplexity_report(
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    ppl = report["perplexity"]
+    """report.md: a section per measurement the report holds (perplexity, speculative)."""
+    from .speculative import speculative_markdown
+
+    lines = ["# Evaluation", ""]
+    if "perplexity" in report:
+        lines += _perplexity_markdown(report["perplexity"])
+    if "speculative" in report:
+        lines += speculative_markdown(report["speculative"])
+    return "\n".join(lines)
+
+
+def _perplexity_markdown(ppl: dict[str, Any]) -> list[str]:
     level = ppl["engine_matmul_accuracy_level"]
     activations = "int8" if level == 4 else "fp32"
-    return "\n".join(
-        [
-            "# Evaluation",
-            "",
-            f"Perplexity on `{ppl['dataset']}` ({ppl['windows']} windows of {ppl['seq_len']} "
-            f"tokens, {ppl['tokens_scored']} tokens scored; text {ppl['dataset_sha256']}).",
-            "",
-            "| model | perplexity | delta vs original |",
-            "|---|---:|---:|",
-            f"| original (float, PyTorch) | {ppl['original']:.4f} | |",
-            f"| quantized IR (PyTorch) | {ppl['quantized']:.4f} | "
-            f"{_delta(ppl['delta'], ppl['relative_delta'])} |",
-            f"| engine `{ppl['engine_name']}` (MatMulNBits accuracy level {level}, "
-            f"{activations} activations) | {ppl['engine']:.4f} | "
-            f"{_delta(ppl['engine_delta'], ppl['engine_relative_delta'])} |",
-            "",
-            "The gate (`evaluate.perplexity.max_delta`) judges the engine's delta: the engine is "
-            "what the artifact serves.",
-            "",
-        ]
-    )
+    return [
+        f"Perplexity on `{ppl['dataset']}` ({ppl['windows']} windows of {ppl['seq_len']} "
+        f"tokens, {ppl['tokens_scored']} tokens scored; text {ppl['dataset_sha256']}).",
+        "",
+        "| model | perplexity | delta vs original |",
+        "|---|---:|---:|",
+        f"| original (float, PyTorch) | {ppl['original']:.4f} | |",
+        f"| quantized IR (PyTorch) | {ppl['quantized']:.4f} | "
+        f"{_delta(ppl['delta'], ppl['relative_delta'])} |",
+        f"| engine `{ppl['engine_name']}` (MatMulNBits accuracy level {level}, "
+        f"{activations} activations) | {ppl['engine']:.4f} | "
+        f"{_delta(ppl['engine_delta'], ppl['engine_relative_delta'])} |",
+        "",
+        "The gate (`evaluate.perplexity.max_delta`) judges the engine's delta: the engine is "
+        "what the artifact serves.",
+        "",
+    ]
 
 
 def _delta(delta: float, relative: float) -> str:

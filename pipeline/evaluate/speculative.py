@@ -1,0 +1,312 @@
+"""Speculative decoding measured as it serves: the mean accepted length of the recipe's
+`speculative` section, through the runtime's own Generator, on held-out prompts.
+
+The prompts are the first `prompt_tokens` tokens of consecutive windows of `prompt_tokens` +
+`max_tokens` tokens of the evaluation text (read and tokenized like the perplexity's, before
+any build work). Each prompt is generated alone (batch 1, the case speculation is for) with
+greedy decoding and EOS ignored, `max_tokens` tokens, on the first target's engine through
+`KVPool`, `EngineSession` and `Generator`, with the runtime's drafter: prompt lookup, or the
+draft model's engine of the same name on a pool of as many blocks as the target's (as
+`DraftModel.open` builds it from a manifest; here from the stage directories, since nothing is
+packaged yet). The back-off is off (`min_acceptance_rate` 0, no batch-size cut-off), so every
+step drafts and the counters measure the drafter, not the policy.
+
+The same prompts then run through a second Generator without speculation: `greedy_match`
+counts the prompts whose tokens are the same. It is reported, not judged: on an engine with
+int8 activations a verification call rounds differently from a one-token call, so a near-tie
+can flip (docs/design.md, section 6).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..recipe import DraftModelSpeculative, NgramSpeculative, Recipe, SpeculativeEval
+from .engine import engine_pool_layout
+from .errors import EvalDataError
+from .perplexity import token_windows, tokenize
+from .report import EvalGateError
+from .text import load_eval_text
+
+__all__ = [
+    "SpeculativePrompts",
+    "check_speculative_gate",
+    "measure_speculation",
+    "speculative_markdown",
+    "speculative_prompts",
+    "speculative_summary",
+]
+
+_WHERE = "evaluate.speculative"
+_DIGITS = 6  # reported precision; the gate judges the reported number
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativePrompts:
+    """What the evaluate stage measures speculation with, prepared before any build work."""
+
+    spec: SpeculativeEval  # the recipe's evaluate.speculative
+    method: NgramSpeculative | DraftModelSpeculative  # the recipe's speculative section
+    dataset: str  # the text source, evaluate.perplexity's when the section names none
+    split: str
+    text_field: str
+    prompts: np.ndarray  # [prompts, prompt_tokens] int64
+    digest: str  # sha256 of the text: the stage's input
+
+    def key_slice(self) -> dict[str, Any]:
+        """The evaluate stage key's part: what is measured and how (the gate is not in it:
+        changing min_accepted_length re-judges, it does not re-measure)."""
+        measured = self.spec.model_dump(mode="json", exclude={"min_accepted_length"})
+        text = {"dataset": self.dataset, "split": self.split, "text_field": self.text_field}
+        # The draft's own section is its engine, whose digest is an input of the stage.
+        method = self.method.model_dump(mode="json", exclude={"draft"})
+        return {**measured, **text, "method": method}
+
+
+def speculative_prompts(
+    recipe: Recipe, recipe_path: Path, source_path: Path
+) -> SpeculativePrompts | None:
+    """None when the recipe measures no speculation; EvalDataError when the text is
+    unreadable or too short for the prompts."""
+    spec = recipe.evaluate.speculative if recipe.evaluate is not None else None
+    if spec is None:
+        return None
+    # The recipe refuses evaluate.speculative without a speculative section or any dataset.
+    if spec.dataset is not None:
+        dataset, split, text_field = spec.dataset, spec.split, spec.text_field
+    else:
+        ppl = recipe.evaluate.perplexity
+        dataset, split, text_field = ppl.dataset, ppl.split, ppl.text_field
+    text = load_eval_text(
+        dataset,
+        text_field=text_field,
+        split=split,
+        base_dir=Path(recipe_path).absolute().parent,
+        where=_WHERE,
+    )
+    ids = tokenize(text.text, Path(source_path) / "tokenizer.json")
+    window = spec.prompt_tokens + spec.max_tokens
+    if len(ids) < spec.prompts * window:
+        raise EvalDataError(
+            f"{_WHERE}.dataset: {dataset!r} has {len(ids)} tokens, fewer than prompts x "
+            f"(prompt_tokens + max_tokens) = {spec.prompts} x {window} = "
+            f"{spec.prompts * window}; use more text, fewer prompts or shorter ones"
+        )
+    windows = token_windows(ids, window, spec.prompts).numpy()
+    prompts = np.ascontiguousarray(windows[:, : spec.prompt_tokens])
+    return SpeculativePrompts(
+        spec, recipe.speculative, dataset, split, text_field, prompts, text.sha256
+    )
+
+
+class _CountingRunner:
+    """The engine session, counting the target's calls (prefill and decode)."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.calls = 0
+
+    def run(self, batch):
+        self.calls += 1
+        return self.session.run(batch)
+
+
+def measure_speculation(
+    job: SpeculativePrompts,
+    engine_dir: Path,
+    draft_engine_dir: Path | None,
+    tokenizer_file: Path,
+    *,
+    max_seq_len: int,
+    sliding_window: int | None,
+    vocab_size: int,
+    eos_token_ids: tuple[int, ...] = (),
+) -> dict[str, Any]:
+    """The report's `speculative` block: the drafter's counters over the prompts, the target's
+    calls with and without speculation, and how many prompts decode as plain greedy does.
+
+    `engine_dir` and `draft_engine_dir` (draft_model only) are engine stage outputs of the same
+    engine name; `max_seq_len` is the exported graph's."""
+    from ingot.runtime.generate import Generator, GeneratorConfig
+    from ingot.runtime.kv_pool import KVPool
+    from ingot.runtime.sampling import SamplingParams
+    from ingot.runtime.session import EngineSession
+    from ingot.runtime.speculative import Speculation, SpeculativeConfig
+    from ingot.runtime.speculative.load import DraftModel, make_drafter
+    from ingot.runtime.tokenizer import TextTokenizer
+
+    spec, method = job.spec, job.method
+    record, engine_file = _engine(engine_dir)
+    layout = engine_pool_layout(engine_file)
+    block = layout["block_size"]
+    # One request at a time, prefix caching off: a full-length sequence's blocks suffice.
+    num_blocks = -(-max_seq_len // block)
+    pool = KVPool(
+        layout["num_layers"],
+        num_blocks,
+        block,
+        layout["num_kv_heads"],
+        layout["head_dim"],
+        layout["dtype"],
+    )
+    target = _CountingRunner(EngineSession(engine_file, pool, record["session_options"]))
+    draft = None
+    if method.method == "draft_model":
+        if draft_engine_dir is None:
+            raise ValueError("speculative method draft_model: no draft engine to measure")
+        draft_record, draft_file = _engine(draft_engine_dir)
+        draft_layout = engine_pool_layout(draft_file)
+        if draft_layout["block_size"] != block:  # the build gives both the recipe's kv_cache
+            raise ValueError(
+                f"the draft engine's KV block size {draft_layout['block_size']} is not the "
+                f"target's {block}"
+            )
+        # As DraftModel.open: as many blocks as the target's, addressed by its block tables.
+        draft_pool = KVPool(
+            draft_layout["num_layers"],
+            num_blocks,
+            block,
+            draft_layout["num_kv_heads"],
+            draft_layout["head_dim"],
+            draft_layout["dtype"],
+        )
+        session = EngineSession(draft_file, draft_pool, draft_record["session_options"])
+        draft = DraftModel(session, draft_pool)
+    config = SpeculativeConfig(
+        method.method,
+        method.num_speculative_tokens,
+        getattr(method, "prompt_lookup_min", 1),
+        getattr(method, "prompt_lookup_max", 4),
+        disable_by_batch_size=spec.prompts,  # never cut off (one prompt at a time anyway)
+        min_acceptance_rate=0.0,  # never backs off: every step drafts
+    )
+    speculation = Speculation(config, make_drafter(config, draft, sliding_window))
+    tokenizer = TextTokenizer(tokenizer_file)
+    generator_config = GeneratorConfig(
+        max_seq_len=max_seq_len,
+        eos_token_ids=tuple(eos_token_ids),
+        sliding_window=sliding_window,
+        max_num_seqs=1,
+        enable_prefix_caching=False,  # disjoint prompts; and each measured from scratch
+        vocab_size=vocab_size,
+    )
+    params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0, ignore_eos=True)
+    prompts = job.prompts.tolist()
+    speculative = Generator(target, pool, tokenizer, generator_config, speculation)
+    drafted = [speculative.generate([p], params)[0].token_ids for p in prompts]
+    speculative_calls = target.calls
+    plain = Generator(target, pool, tokenizer, generator_config)  # the same session and pool
+    greedy = [plain.generate([p], params)[0].token_ids for p in prompts]
+    plain_calls = target.calls - speculative_calls
+
+    stats = speculation.stats
+    drafts = stats.num_drafts
+    counts = stats.accepted_per_position
+    per_position = counts + [0] * (config.num_speculative_tokens - len(counts))
+    rates = [round(n / drafts, _DIGITS) if drafts else 0.0 for n in per_position]
+    accept_rate = stats.num_accepted_tokens / stats.num_draft_tokens if drafts else 0.0
+    lookup = {}
+    if method.method == "ngram":
+        lookup = {"prompt_lookup_min": config.prompt_lookup_min}
+        lookup["prompt_lookup_max"] = config.prompt_lookup_max
+    return {
+        "method": method.method,
+        "num_speculative_tokens": config.num_speculative_tokens,
+        **lookup,
+        "engine_name": record["name"],
+        "engine_matmul_accuracy_level": record["build"]["matmul_accuracy_level"],
+        "dataset": job.dataset,
+        "dataset_sha256": job.digest,
+        "prompts": len(prompts),
+        "prompt_tokens": spec.prompt_tokens,
+        "max_tokens": spec.max_tokens,
+        "batching": "one prompt at a time",
+        "tokens": sum(map(len, drafted)),
+        "drafts": drafts,
+        "draft_tokens": stats.num_draft_tokens,
+        "accepted_tokens": stats.num_accepted_tokens,
+        "mean_accepted_length": round(stats.mean_accepted_length, _DIGITS),
+        "acceptance_rate": round(accept_rate, _DIGITS),
+        "accepted_per_position": rates,
+        "target_calls": speculative_calls,
+        "plain_target_calls": plain_calls,
+        "greedy_match": sum(a == b for a, b in zip(drafted, greedy, strict=True)),
+    }
+
+
+def _engine(engine_dir: Path) -> tuple[dict[str, Any], Path]:
+    """An engine stage output's record (engine.json) and its engine file."""
+    from ..stages.engine import ENGINE_RECORD
+
+    record = json.loads((engine_dir / ENGINE_RECORD).read_text())
+    return record, engine_dir / Path(record["path"]).name
+
+
+def speculative_markdown(spec: dict[str, Any]) -> list[str]:
+    """report.md's section on speculative decoding (lines)."""
+    method = f"`{spec['method']}`, k = {spec['num_speculative_tokens']}"
+    if spec["method"] == "ngram":
+        method += f", prompt lookup {spec['prompt_lookup_min']}..{spec['prompt_lookup_max']}"
+    level = spec["engine_matmul_accuracy_level"]
+    k_rates = ", ".join(f"{r:.3f}" for r in spec["accepted_per_position"])
+    return [
+        "## Speculative decoding",
+        "",
+        f"{method}, on engine `{spec['engine_name']}` (MatMulNBits accuracy level {level}): "
+        f"{spec['prompts']} prompts of {spec['prompt_tokens']} tokens from "
+        f"`{spec['dataset']}` (text {spec['dataset_sha256']}), {spec['max_tokens']} greedy "
+        f"tokens each (EOS ignored), {spec['batching']}, no back-off.",
+        "",
+        "| measure | value |",
+        "|---|---:|",
+        f"| mean accepted length (tokens per verification) | {spec['mean_accepted_length']:.4f} |",
+        f"| acceptance rate (accepted / drafted tokens) | {spec['acceptance_rate']:.4f} |",
+        f"| verifications with drafts | {spec['drafts']} |",
+        f"| drafted / accepted tokens | {spec['draft_tokens']} / {spec['accepted_tokens']} |",
+        f"| accepted at draft position 1..k (per verification) | {k_rates} |",
+        f"| target calls, speculative / plain | {spec['target_calls']} / "
+        f"{spec['plain_target_calls']} |",
+        f"| prompts whose tokens equal plain greedy decoding | {spec['greedy_match']} / "
+        f"{spec['prompts']} |",
+        "",
+        "The gate (`evaluate.speculative.min_accepted_length`) judges the mean accepted length.",
+        "",
+    ]
+
+
+def speculative_summary(report: dict[str, Any], min_accepted_length: float | None) -> dict:
+    """The manifest's `eval.speculative`: the headline numbers and the gate they passed."""
+    spec = report["speculative"]
+    keys = (
+        "method",
+        "num_speculative_tokens",
+        "engine_name",
+        "dataset",
+        "prompts",
+        "max_tokens",
+        "mean_accepted_length",
+        "acceptance_rate",
+        "greedy_match",
+    )
+    return {**{k: spec[k] for k in keys}, "min_accepted_length": min_accepted_length}
+
+
+def check_speculative_gate(report: dict[str, Any], min_accepted_length: float | None) -> None:
+    """`min_accepted_length` bounds the mean accepted length from below."""
+    if min_accepted_length is None:
+        return
+    spec = report["speculative"]
+    if spec["mean_accepted_length"] < min_accepted_length:
+        raise EvalGateError(
+            f"{_WHERE}.min_accepted_length: the mean accepted length "
+            f"{spec['mean_accepted_length']:.4f} ({spec['method']}, k = "
+            f"{spec['num_speculative_tokens']}, engine {spec['engine_name']}, "
+            f"{spec['prompts']} prompts of {spec['dataset']}; acceptance rate "
+            f"{spec['acceptance_rate']:.4f}) is below the threshold {min_accepted_length:g}; "
+            "the artifact was not packaged (the previous one and the cached stages are kept)"
+        )
