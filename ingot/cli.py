@@ -88,20 +88,50 @@ def inspect(artifact: str, as_json: bool) -> None:
         f"heads {m.num_heads}/{m.num_kv_heads}, vocab {m.vocab_size}, max_seq_len {m.max_seq_len}"
     )
     for q in m.quantization:
-        kind = "sym" if q.get("symmetric") else "asym"
-        click.echo(
-            f"  quantize   {q['method']} int{q['bits']} g{q['group_size']} {kind}: "
-            f"{q['modules']} modules"
-        )
+        click.echo(f"  quantize   {_quantization(q)}")
     g = manifest.graph
     kv = f"kv {g.kv_dtype} blocks of {g.kv_block_size}"
     click.echo(f"  graph      {g.path} (opset {g.opset}), {kv}")
     for e in manifest.engines:
         click.echo(f"  engine     {e.name}: {e.path} requires {e.requires}")
+    if manifest.speculative is not None:
+        _echo_speculative(manifest)
     total = sum(f.size for f in manifest.files)
     click.echo(f"  files      {len(manifest.files)}, {total / 2**20:.1f} MiB")
     for f in manifest.files:
         click.echo(f"    {f.size:>12,}  {f.sha256[:12]}  {f.path}")
+
+
+def _quantization(q: dict[str, Any]) -> str:
+    kind = "sym" if q.get("symmetric") else "asym"
+    return f"{q['method']} int{q['bits']} g{q['group_size']} {kind}: {q['modules']} modules"
+
+
+def _echo_speculative(manifest) -> None:
+    """inspect's lines for manifest.speculative: the method, the draft model and its engines,
+    and the mean accepted length the build measured (eval.speculative), if it did."""
+    spec = manifest.speculative
+    line = f"{spec.method}, k={spec.num_speculative_tokens}"
+    if spec.method == "ngram":
+        line += f", prompt lookup {spec.prompt_lookup_min}..{spec.prompt_lookup_max}"
+    measured = (manifest.eval or {}).get("speculative")
+    if measured is not None:
+        line += (
+            f"; mean accepted length {measured['mean_accepted_length']:.2f} "
+            f"({measured['prompts']} prompts of {measured['dataset']})"
+        )
+    click.echo(f"  speculate  {line}")
+    if spec.draft is None:
+        return
+    d = spec.draft.model
+    click.echo(
+        f"  draft      {d.architecture}: {d.num_layers} layers, hidden {d.hidden_size}, "
+        f"heads {d.num_heads}/{d.num_kv_heads}, vocab {d.vocab_size}"
+    )
+    for q in d.quantization:
+        click.echo(f"  draft q    {_quantization(q)}")
+    for e in spec.draft.engines:
+        click.echo(f"  draft eng  {e.name}: {e.path}")
 
 
 @main.command()
