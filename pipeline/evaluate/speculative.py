@@ -184,6 +184,7 @@ def measure_speculation(
         getattr(method, "prompt_lookup_max", 4),
         disable_by_batch_size=spec.prompts,  # never cut off (one prompt at a time anyway)
         min_acceptance_rate=0.0,  # never backs off: every step drafts
+        adaptive=False,  # nor stops where drafting timed slower: counts, not this machine's clock
     )
     speculation = Speculation(config, make_drafter(config, draft, sliding_window))
     tokenizer = TextTokenizer(tokenizer_file)

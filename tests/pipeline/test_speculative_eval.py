@@ -17,7 +17,8 @@ from ingot.artifacts import read_manifest, verify_artifact
 from ingot.cli import main
 from ingot.pipeline.build import build
 from ingot.pipeline.cache import StageCache
-from ingot.pipeline.evaluate import EvalDataError, EvalGateError
+from ingot.pipeline.evaluate import EvalDataError, EvalGateError, speculative_prompts
+from ingot.pipeline.evaluate.speculative import measure_speculation
 from ingot.pipeline.recipe import RecipeError, load_recipe
 
 from fixtures import make_checkpoint, write_recipe
@@ -98,6 +99,18 @@ def test_ngram_report_gate_and_cache(models):
     assert spec["plain_target_calls"] == 4 * 16
     assert spec["target_calls"] == spec["plain_target_calls"] - accepted
     assert 0 <= spec["greedy_match"] <= 4  # reported, not judged
+    # Counts only, no clock (back-off and adaptive drafting off): measured again, the same.
+    stages = {s.stage: s.key for s in first.stages}
+    again = measure_speculation(
+        speculative_prompts(load_recipe(root / "a.yaml"), root / "a.yaml", target),
+        cache.path("engine", stages["engine:onnxruntime-cpu"]),
+        None,
+        target / "tokenizer.json",
+        max_seq_len=128,
+        sliding_window=None,
+        vocab_size=320,
+    )
+    assert again == spec
     markdown = (first.artifact / "eval" / "report.md").read_text()
     assert "## Speculative decoding" in markdown and "| model | perplexity |" in markdown
     summary = verify_artifact(first.artifact).eval["speculative"]
