@@ -50,8 +50,13 @@ class EngineSession:
         pool: KVPool,
         session_options: dict[str, Any] | None = None,
         profile_file_prefix: str | None = None,
+        spinning: bool = True,
     ) -> None:
         options = _session_options(session_options or {})
+        if not spinning:
+            # Two sessions in one process (a target and its draft model) each keep a thread
+            # pool; threads that spin after a call would take the cores from the other's call.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if profile_file_prefix is not None:  # ORT's per-node profiler (benchmarks)
             options.enable_profiling = True
             options.profile_file_prefix = profile_file_prefix

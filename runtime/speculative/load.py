@@ -84,7 +84,8 @@ class DraftModel:
             kv_numpy_dtype(graph.kv_dtype),
         )
         path = safe_relative_path(root, engine.path)
-        return cls(EngineSession(path, pool, engine.session_options), pool)
+        # Its threads must not spin between its calls: the target's call needs the cores.
+        return cls(EngineSession(path, pool, engine.session_options, spinning=False), pool)
 
 
 def make_drafter(
