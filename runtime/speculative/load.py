@@ -84,8 +84,12 @@ class DraftModel:
             kv_numpy_dtype(graph.kv_dtype),
         )
         path = safe_relative_path(root, engine.path)
-        # Its threads must not spin between its calls: the target's call needs the cores.
-        return cls(EngineSession(path, pool, engine.session_options, spinning=False), pool)
+        # One thread that does not spin between calls: a second thread pool beside the
+        # target's would share its cores (4 threads on 2 cores made the target's one-token
+        # call 1.4x slower: benchmarks/results/speculative.md), and a draft is small enough
+        # that one thread runs it about as fast.
+        options = {**engine.session_options, "intra_op_num_threads": 1}
+        return cls(EngineSession(path, pool, options, spinning=False), pool)
 
 
 def make_drafter(
