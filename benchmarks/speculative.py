@@ -1,13 +1,13 @@
 """Speculative decoding in ingot (n-gram, draft model) against plain decoding, side by side
 with transformers' assisted generation on the same prompts.
 
-Reproduce (alone on a quiet machine; about 6 minutes on 2 cores, a minute more the first time,
+Reproduce (alone on a quiet machine; about 7 minutes on 2 cores, a minute more the first time,
 which builds the artifact into the benchmark cache; writes benchmarks/results/speculative.json
 and speculative.md):
 
     .venv/bin/python benchmarks/speculative.py --wait-idle 1800
 
-Options: [--tokens 128] [--prompt-len 64] [--prompts 16] [--runs 3] [--concurrency 8,32]
+Options: [--tokens 128] [--prompt-len 64] [--prompts 16] [--runs 5] [--concurrency 8,32]
 [--peer-prompts 16] [--threads 2] [--wait-idle SECONDS] [--models-dir DIR] [--eval-text FILE]
 [--out-dir DIR] [--quick]. `--quick` is a smoke run (32 tokens, 4 prompts, one run,
 concurrency 4 and 16, 2 peer prompts) written to a temporary directory, never over the
@@ -25,7 +25,9 @@ Prompts: windows of `--prompt-len` tokens (BOS + text) of the held-out pydoc-eva
 no such line. Every request asks for `--tokens` new tokens, greedy, EOS ignored.
 
 Measured, each engine in its own worker process, the methods' runs interleaved within it
-(plain, then every method, per run; median of `--runs`):
+(plain, then every method, per round of `--runs`): tok/s is the median run, a speedup or an
+on / off ratio the median of each round's ratio to plain. A timed run during which other
+processes took more than OTHERS_LIMIT_CORES (/proc/stat) is repeated (class Quiet).
 
 1. batch 1, both prompt sets, every method with the runtime's defaults (adaptive drafting:
    steps with and without drafts are timed, and a batch size drafts only where drafting
@@ -393,6 +395,7 @@ def run_ingot(spec: dict[str, Any]) -> dict[str, Any]:
         batch1[set_name] = {
             name: _batch1_summary(traces[name], traces.get("plain"), stats[name]) for name in names
         }
+        _paired(batch1[set_name], "runs", "decode_tokens_per_s", "speedup")
         for name in names:  # one more run, instrumented: where a step's time goes
             batch1[set_name][name]["step_breakdown"] = _breakdown(generators[name], prompts, params)
     out["batch1"] = batch1
@@ -418,6 +421,7 @@ def run_ingot(spec: dict[str, Any]) -> dict[str, Any]:
             name: _concurrent_summary(timed[name], timed.get("plain"), stats[name])
             for name in names
         }
+        _paired(conc[str(n)], "runs_tokens_per_s", None, "ratio_to_plain")
         alone = _get(batch1, "code", "plain", "tokens")
         if "plain" in timed and alone:
             # The control: plain decoding of the same prompts alone against all together.
@@ -467,6 +471,21 @@ class Quiet:
         busy = sum(ticks[i] for i in (0, 1, 2, 5, 6, 7)) / self.tick
         own = os.times()
         return time.perf_counter(), busy, own.user + own.system
+
+
+def _paired(rows: dict[str, Any], runs_key: str, value_key: str | None, out_key: str) -> None:
+    """Each row's ratio to plain per run, under `out_key`_runs, and their median under
+    `out_key` (runs of one round are adjacent in time, so a slow stretch hits both)."""
+    plain = rows.get("plain")
+    if plain is None:
+        return
+    for row in rows.values():
+        ratios = [
+            (a[value_key] if value_key else a) / (b[value_key] if value_key else b)
+            for a, b in zip(row[runs_key], plain[runs_key], strict=True)
+        ]
+        row[f"{out_key}_runs"] = ratios
+        row[out_key] = statistics.median(ratios)
 
 
 def _one_by_one(gen: Any, prompts: list[list[int]], params: Any) -> tuple[list, dict | None]:
@@ -910,6 +929,9 @@ def _report(
 
 
 def write_reports(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    for rows in (_get(report["results"], "ingot", "batch1") or {}).values():
+        for row in rows.values():  # compared already (matches_plain): 100k numbers left out
+            row.pop("tokens", None)
     report["targets"] = target_verdicts(report["results"])
     report = portable_report(report)  # committed: no path of the machine that ran it
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -946,7 +968,7 @@ def target_verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": None if speedup is None or theirs is None else speedup >= theirs,
             }
         )
-    for method, row in (_get(results, "ingot", "concurrent", "32") or {}).items():
+    for method, row in _ordered(_get(results, "ingot", "concurrent", "32") or {}):
         ratio = _ratio(row, (_get(results, "ingot", "concurrent", "32") or {}).get("plain"))
         if method == "plain" or method.endswith("forced") or ratio is None:
             continue
@@ -980,8 +1002,10 @@ def markdown(report: dict[str, Any]) -> str:
         f' tokens of the held-out pydoc-eval.txt ("code": the windows richest in Python code '
         'lines; "text": windows with none), '
         f"{settings['new_tokens']} new tokens each, greedy, EOS ignored, "
-        f"{settings['threads']} threads; median of {settings['runs']} runs, every method's runs "
-        "interleaved with plain decoding's in one process.",
+        f"{settings['threads']} threads; {settings['runs']} runs, every method's runs "
+        "interleaved with plain decoding's in one process: tok/s is the median run, a speedup "
+        "or on / off ratio the median of each run's ratio to plain's run of the same round "
+        "(the range over runs in brackets).",
         _quiet_line(results),
     ]
     ingot = results.get("ingot", {})
@@ -1002,15 +1026,16 @@ def markdown(report: dict[str, Any]) -> str:
         "accepted length | acceptance by position | = plain |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    for set_name, rows in (ingot.get("batch1") or {}).items():
-        for method, row in rows.items():
+    for set_name, rows in _ordered(ingot.get("batch1") or {}, SETS):
+        for method, row in _ordered(rows):
             spec = row.get("speculation") or {}
             by_pos = " / ".join(f"{a:.2f}" for a in spec.get("acceptance_by_position", []))
             mal = spec.get("mean_accepted_length")
             match = row.get("matches_plain")
             lines.append(
                 f"| {method} | {set_name} ({row['prompts']}) | {row['decode_tokens_per_s']:.0f} "
-                f"| {_fmt(_speedup(rows, method))} | {_pct(row.get('drafting_steps_share'))} "
+                f"| {_fmt(_speedup(rows, method))}{_spread(row.get('speedup_runs'))} "
+                f"| {_pct(row.get('drafting_steps_share'))} "
                 f"| {row['tokens_per_step']:.2f} "
                 f"| {row['ms_per_step']:.2f} | {_fmt(mal)} | {by_pos or '–'} "
                 f"| {_share(match) if method != 'plain' else '–'} |"
@@ -1019,7 +1044,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {name} | – | failed: {error} | | | | | | | |")
     lines += _breakdown_section(ingot)
     lines += ["", "## Concurrent requests (all submitted at once to one Generator)", ""]
-    conc = ingot.get("concurrent") or {}
+    conc = dict(sorted((ingot.get("concurrent") or {}).items(), key=lambda kv: int(kv[0])))
     lines += [
         "Generated tokens over the wall time (prefill included), code prompts. on / off: "
         "against plain decoding in the same run. With the default thresholds a step with more "
@@ -1033,7 +1058,7 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     names: list[str] = []
     for rows in conc.values():
-        names += [m for m in rows if m not in names]
+        names += [m for m, _ in _ordered(rows) if m not in names]
     for method in names:
         cells, match_cells = [], []
         for rows in conc.values():
@@ -1041,7 +1066,8 @@ def markdown(report: dict[str, Any]) -> str:
             if row is None:
                 cells += ["–", "–"]
                 continue
-            cells += [f"{row['tokens_per_s']:.0f}", _fmt(_ratio(row, rows.get("plain")))]
+            ratio = _fmt(_ratio(row, rows.get("plain"))) + _spread(row.get("ratio_to_plain_runs"))
+            cells += [f"{row['tokens_per_s']:.0f}", ratio]
             match = row.get("matches_batch1_plain" if method == "plain" else "matches_plain")
             if match:
                 match_cells.append(_share(match) + (" alone" if method == "plain" else ""))
@@ -1068,8 +1094,8 @@ def markdown(report: dict[str, Any]) -> str:
         ours_of = {v: k for k, v in PEER_OF.items()} | {
             "assistant_model (defaults)": "draft_model k=4"
         }
-        for set_name, rows in peer["results"].items():
-            for case, row in rows.items():
+        for set_name, rows in _ordered(peer["results"], SETS):
+            for case, row in _ordered(rows, [name for name, _, _ in PEER_CASES]):
                 match = row["matches_plain"]
                 method = ours_of.get(case)
                 ours = _speedup((ingot.get("batch1") or {}).get(set_name) or {}, method)
@@ -1108,7 +1134,7 @@ def _breakdown_section(ingot: dict[str, Any]) -> list[str]:
         "(draft engine, calls) | rest of the runtime | tokens / step |",
         "|---|---:|---:|---|---:|---:|---:|",
     ]
-    for method, row in rows.items():
+    for method, row in _ordered(rows):
         b = row.get("step_breakdown")
         if not b:
             continue
@@ -1136,7 +1162,7 @@ def _notes(report: dict[str, Any]) -> list[str]:
     code = _get(ingot, "batch1", "code") or {}
     plain = code.get("plain")
     if plain:
-        for method, row in code.items():
+        for method, row in _ordered(code):
             if method == "plain":
                 continue
             cost = row["ms_per_step"] / plain["ms_per_step"]
@@ -1147,7 +1173,7 @@ def _notes(report: dict[str, Any]) -> list[str]:
                 f"the measured speedup is {_fmt(_speedup(code, method))}x."
             )
         plain_call = _one_token_call_ms(plain)
-        for method, row in code.items():
+        for method, row in _ordered(code):
             call = _one_token_call_ms(row)
             if "draft_model" in method and call and plain_call and call > 1.2 * plain_call:
                 notes.append(
@@ -1158,6 +1184,22 @@ def _notes(report: dict[str, Any]) -> list[str]:
                     "this run: with the draft session on 1 thread the target's one-token call "
                     "is back near plain's, and the verification calls are faster too)."
                 )
+        calls = (_get(code, "ngram k=4 adaptive off", "step_breakdown") or {}).get(
+            "target_call_ms_by_tokens_per_sequence"
+        ) or {}
+        k1 = str(max((int(q) for q in calls), default=0))
+        if "1" in calls and k1 != "1":
+            row = code["ngram k=4 adaptive off"]
+            mal = (row.get("speculation") or {}).get("mean_accepted_length")
+            notes.append(
+                f"- Verification is not free at this size: the target's call over {k1} tokens "
+                f"costs {calls[k1]['ms']:.2f} ms against {calls['1']['ms']:.2f} ms over one "
+                f"({calls[k1]['ms'] / calls['1']['ms']:.1f}x; ngram k=4 adaptive off), so a "
+                "verification must keep about that many tokens to pay for itself; it keeps "
+                f"{_fmt(mal)} (mean accepted length), and "
+                f"{_pct(row.get('drafting_steps_share'))} of the steps find an n-gram to draft "
+                "from."
+            )
         notes.append(
             f"- A plain step costs {plain['ms_per_step']:.2f} ms at batch 1, most of it fixed "
             "per call (the runtime around ONNX Runtime and the session call itself: "
@@ -1200,6 +1242,20 @@ def _notes(report: dict[str, Any]) -> list[str]:
     return notes
 
 
+SETS = ("code", "text")
+
+
+def _ordered(rows: dict[str, Any], order: Any = None) -> list[tuple[str, Any]]:
+    """`rows` in the benchmark's order (the JSON is written with sorted keys): the methods as
+    ingot_methods lists them, each forced variant after its method; then anything else."""
+    if order is None:
+        order = []
+        for name in ingot_methods():
+            order += [name, f"{name} forced"]
+    rank = {name: i for i, name in enumerate(order)}
+    return sorted(rows.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0]))
+
+
 def _quiet_line(results: dict[str, Any]) -> str:
     parts = []
     for engine in ("ingot", "transformers"):
@@ -1226,15 +1282,28 @@ def _one_token_call_ms(row: dict[str, Any]) -> float | None:
 
 
 def _speedup(rows: dict[str, Any], method: str | None) -> float | None:
+    """ingot: the median over runs of each run's ratio to plain's run of the same round;
+    transformers (one run): the ratio of the totals."""
     if not method or method not in rows or "plain" not in rows:
         return None
+    if "speedup" in rows[method]:
+        return rows[method]["speedup"]
     return rows[method]["decode_tokens_per_s"] / rows["plain"]["decode_tokens_per_s"]
 
 
 def _ratio(row: dict[str, Any] | None, plain: dict[str, Any] | None) -> float | None:
     if not row or not plain:
         return None
+    if "ratio_to_plain" in row:
+        return row["ratio_to_plain"]
     return row["tokens_per_s"] / plain["tokens_per_s"]
+
+
+def _spread(values: list[float] | None) -> str:
+    """The range over runs, for a ratio shown as a median."""
+    if not values or len(values) < 2 or min(values) == max(values) == 1:  # plain's own row
+        return ""
+    return f" ({min(values):.2f}–{max(values):.2f})"
 
 
 def _get(value: Any, *keys: str) -> Any:
@@ -1289,7 +1358,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per request")
     parser.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt (BOS too)")
     parser.add_argument("--prompts", type=int, default=16, help="batch-1 prompts per set")
-    parser.add_argument("--runs", type=int, default=3, help="timed runs per case (median)")
+    parser.add_argument("--runs", type=int, default=5, help="timed runs per case (median)")
     parser.add_argument(
         "--concurrency", default="8,32", help="comma-separated numbers of concurrent requests"
     )
