@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from paths import portable_report
+from paths import write_report_files
 
 __all__ = ["TARGET_FRACTION", "target_verdict", "write_reports"]
 
@@ -20,12 +19,7 @@ _TOP_OPS = 6  # op types named in the breakdown table; the rest are summed as "o
 
 def write_reports(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     report["target"] = target_verdict(report["results"])
-    report = portable_report(report)  # committed: no path of the machine that ran it
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out_dir / "decode.json", out_dir / "decode.md"
-    json_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    md_path.write_text(markdown(report))
-    return json_path, md_path
+    return write_report_files(report, out_dir, "decode", markdown)
 
 
 def target_verdict(results: dict[str, Any]) -> dict[str, Any]:

@@ -13,11 +13,12 @@ each absolute path under a known root relative to the repository root (`../share
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,19 @@ def portable_report(value: Any, roots: Mapping[str | Path, str] | None = None) -
     if isinstance(value, list | tuple):
         return [portable_report(item, roots) for item in value]
     return value
+
+
+def write_report_files(
+    report: dict[str, Any], out_dir: Path, stem: str, markdown: Callable[[dict[str, Any]], str]
+) -> tuple[Path, Path]:
+    """Write `report` (made portable: a committed report holds no path of the machine that ran
+    it) as out_dir/<stem>.json and its `markdown` rendering as out_dir/<stem>.md."""
+    report = portable_report(report)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    json_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    md_path.write_text(markdown(report))
+    return json_path, md_path
 
 
 def _default_roots() -> list[tuple[str | Path, str]]:

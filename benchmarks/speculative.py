@@ -78,7 +78,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # sibling helper modules; benchmarks/ is not a package
 
 from machine import LoadWatch, machine_info, memory_status  # noqa: E402
-from paths import REPO, data_dir, models_dir, portable_report  # noqa: E402
+from paths import REPO, data_dir, models_dir, write_report_files  # noqa: E402
 
 DEFAULT_THREADS = 2  # what the committed results ran with (a 2-core host)
 TARGET, DRAFT = "pydoc-16m", "pydoc-tiny"
@@ -933,12 +933,7 @@ def write_reports(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
         for row in rows.values():  # compared already (matches_plain): 100k numbers left out
             row.pop("tokens", None)
     report["targets"] = target_verdicts(report["results"])
-    report = portable_report(report)  # committed: no path of the machine that ran it
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out_dir / "speculative.json", out_dir / "speculative.md"
-    json_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    md_path.write_text(markdown(report))
-    return json_path, md_path
+    return write_report_files(report, out_dir, "speculative", markdown)
 
 
 # The targets at batch 1 on code prompts, and under load.
