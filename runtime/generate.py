@@ -370,12 +370,9 @@ class Generator:
         num_out = len(seq.token_ids) - seq.num_prompt_tokens
         # A step emits at most k + 1 tokens; the last drafted position must be in context.
         room = self.config.max_seq_len - len(seq.token_ids)
-        k = min(k, req.params.max_tokens - num_out - 1, room)
-        table = seq.table
-        free = len(table.block_ids) * table.block_size - table.num_tokens
-        k = min(k, free + self.pool.allocator.num_free * table.block_size)
+        k = min(k, req.params.max_tokens - num_out - 1, room, self.scheduler.capacity(seq))
         if k > 0:
-            table.slots_for(k)
+            seq.table.slots_for(k)
         return max(k, 0)
 
     def _verify(self, chunks: list[Chunk], drafts: list[list[int]]) -> list[StepOutput]:

@@ -165,7 +165,7 @@ class Scheduler:
         """Schedule up to `n` more tokens of running `seq` (as many as fit), preempting the
         newest sequence not yet scheduled until some fit; 0 if `seq` itself was preempted."""
         while True:
-            fit = min(n, self._capacity(seq))
+            fit = min(n, self.capacity(seq))
             if fit:
                 into.append(Chunk(seq, seq.num_computed, fit))
                 seq.table.slots_for(fit)
@@ -176,7 +176,7 @@ class Scheduler:
             if victim is seq:
                 return 0
 
-    def _capacity(self, seq: SequenceState) -> int:
+    def capacity(self, seq: SequenceState) -> int:
         """How many more tokens `seq` can take with the blocks it has and the free ones."""
         table = seq.table
         unused = len(table.block_ids) * self.block_size - table.num_tokens
