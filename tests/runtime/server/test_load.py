@@ -44,6 +44,9 @@ def _request(rng: random.Random) -> tuple[dict, int | None]:
         body["stream"] = True
         if rng.random() < 0.4:
             drop_after = rng.randint(1, 4)
+            # Still generating when dropped: a stream that ends within the events read could
+            # finish before its abort arrives, and the test would count no abort (a race).
+            body["max_tokens"] = drop_after + 32
     return body, drop_after
 
 
