@@ -8,6 +8,14 @@ codes and zero points in the signed range, so ingot's unsigned asymmetric codes 
 points z are stored as c - 2^(b-1) and z - 2^(b-1): the difference, and so the weight, is
 unchanged. Scales stay float32 (declared by `scale_dtype`), so the copy dequantizes to the
 IR's weights exactly. Act-order g_idx is refused: compressed-tensors >= 0.20 has no g_idx.
+
+The packed zero points are the format (llm-compressor's own files hold the same, vLLM declares
+[N / (32/b), G]), but transformers >= 5.23 with compressed-tensors >= 0.18 cannot load any
+asymmetric pack-quantized checkpoint plainly: building the compressed model on the meta device,
+`PackedQuantizationCompressor.compress` returns before packing the zero point, so its
+placeholder stays [N, G], and 5.23's loader now size-checks a quantizer's parameters ("size
+mismatch ... weight_zero_point"). Load with `CompressedTensorsConfig(dequantize=True)`
+(deprecated spelling: `run_compressed=False`); tests/pipeline/test_interop.py pins both.
 """
 
 from __future__ import annotations

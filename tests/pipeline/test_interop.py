@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
+from ingot.calibration.dataset import CalibrationSet
 from ingot.pipeline.interop import InteropError, write_interop
 from ingot.pipeline.interop.common import hf_name
 from ingot.pipeline.model.load import ir_name, load_model
@@ -52,6 +53,23 @@ def _fp16_scales(q: QuantizedLinear) -> np.ndarray:
         q.codes, q.scales.half().float(), q.zero_points, q.bits, q.group_size, g_idx=q.g_idx
     )
     return rounded.dequantize().numpy()
+
+
+def _ir_fp16_floats(ir: Path):
+    """The IR with its float tensors rounded to fp16, as the checkpoint holds them."""
+    model = load_ir(ir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())
+    return model
+
+
+def _greedy(forward, ids: torch.Tensor, steps: int = 12) -> list[int]:
+    out = ids
+    with torch.no_grad():
+        for _ in range(steps):
+            out = torch.cat([out, forward(out)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return out[0, ids.shape[1] :].tolist()
 
 
 # -- independent unpackers ----------------------------------------------------------------------
@@ -248,13 +266,105 @@ def test_transformers_loads_compressed_tensors(tmp_path, checkpoint):
     ids = torch.tensor([[5, 9, 40, 7, 100, 3]])
     with torch.no_grad():
         logits = hf(ids).logits  # the first forward decompresses
-    model = load_ir(ir)
     for name, q in _quantized(ir).items():
         assert torch.equal(hf.get_submodule(hf_name(name)).weight, q.dequantize()), name
     with torch.no_grad():
-        for p in model.parameters():  # the checkpoint's float tensors are fp16
-            p.copy_(p.half().float())
-        torch.testing.assert_close(logits, model(ids)[0], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logits, _ir_fp16_floats(ir)(ids)[0], atol=1e-4, rtol=1e-4)
+
+
+# -- compressed-tensors, asymmetric (AWQ) -------------------------------------------------------
+# Zero points packed along the output channels, as the format has them; why transformers >= 5.23
+# then needs dequantize=True (upstream's bug): interop/compressed_tensors.py, docs/design.md.
+
+
+@pytest.fixture(scope="module")
+def awq_export(tmp_path_factory, checkpoint) -> tuple[Path, Path]:
+    """An AWQ W4 g32 (asymmetric) IR of the decoder linears and its compressed-tensors copy."""
+    tmp = tmp_path_factory.mktemp("awq-ct")
+    model = load_model(checkpoint)
+    tokens = np.random.default_rng(0).integers(2, 320, size=(4, 32)).astype(np.int64)
+    spec = {"method": "awq", "bits": 4, "group_size": 32, "targets": ["re:layers\\..*"]}
+    quantize_model(
+        model, [quantize_entry(spec)], CalibrationSet(tokens, list(range(4)), "sha256:test")
+    )
+    ir = tmp / "ir"
+    ir.mkdir()
+    save_ir(model, ir)
+    write_interop("compressed-tensors", ir, checkpoint, tmp / "ct")
+    return ir, tmp / "ct"
+
+
+def test_compressed_tensors_zero_points_pack_along_output_channels(awq_export):
+    ir, ct = awq_export
+    tensors = load_file(str(ct / "model.safetensors"))
+    quantized = _quantized(ir)
+    assert quantized and all(not q.symmetric for q in quantized.values())
+    for name, q in quantized.items():
+        zp = tensors[hf_name(name) + ".weight_zero_point"]
+        n, groups = q.zero_points.shape
+        assert zp.dtype == np.int32 and zp.shape == (n // 8, groups), name  # vLLM: N // (32/4)
+        # Word w of column g holds output channels 8w..8w+7, lowest nibble first, offset by 8
+        # from compressed-tensors' signed zero point: ingot's unsigned zero point itself.
+        unpacked = _nibbles(zp.T, 4).reshape(groups, n).T
+        np.testing.assert_array_equal(unpacked, q.zero_points.numpy(), err_msg=name)
+
+
+def test_transformers_loads_asymmetric_compressed_tensors_dequantized(awq_export):
+    """The documented workaround: transformers dequantizes the packed checkpoint while
+    loading; the weights are the IR's exactly, the logits and greedy tokens ingot's."""
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    ir, ct = awq_export
+    hf = AutoModelForCausalLM.from_pretrained(
+        ct, dtype=torch.float32, quantization_config=CompressedTensorsConfig(dequantize=True)
+    ).eval()
+    for name, q in _quantized(ir).items():
+        assert torch.equal(hf.get_submodule(hf_name(name)).weight, q.dequantize()), name
+    model = _ir_fp16_floats(ir)
+    ids = torch.tensor([[5, 9, 40, 7, 100, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids)[0], atol=1e-4, rtol=1e-4)
+    assert _greedy(lambda x: hf(x).logits, ids) == _greedy(lambda x: model(x)[0], ids)
+
+
+def test_transformers_plain_load_of_asymmetric_compressed_tensors(awq_export):
+    """A plain from_pretrained either loads the IR's model (transformers < 5.23, or a fixed
+    compressed-tensors) or refuses only the zero points, whose placeholder compressed-tensors
+    declared unpacked [N, G] against the packed [N/8, G] it writes itself: upstream's defect,
+    not the file's."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationConfig
+    from transformers import AutoModelForCausalLM
+
+    ir, ct = awq_export
+    hf, info = AutoModelForCausalLM.from_pretrained(
+        ct, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True
+    )
+    quantized = {hf_name(n): q for n, q in _quantized(ir).items()}
+    mismatched = {key: (tuple(a), tuple(b)) for key, a, b in info["mismatched_keys"]}
+    if not mismatched:
+        ids = torch.tensor([[5, 9, 40, 7, 100, 3]])
+        with torch.no_grad():
+            logits = hf.eval()(ids).logits  # the first forward decompresses
+        torch.testing.assert_close(logits, _ir_fp16_floats(ir)(ids)[0], atol=1e-4, rtol=1e-4)
+        return
+    shapes = {name: (q.out_features, q.scales.shape[1]) for name, q in quantized.items()}
+    assert mismatched == {
+        f"{name}.weight_zero_point": ((n // 8, groups), (n, groups))
+        for name, (n, groups) in shapes.items()
+    }
+    # The placeholder is compressed-tensors' own: compressing a meta module keeps [N, G].
+    (scheme,) = QuantizationConfig.model_validate(
+        json.loads((ct / "config.json").read_text())["quantization_config"]
+    ).config_groups.values()
+    q = next(iter(quantized.values()))
+    meta = {
+        "weight": torch.empty(q.out_features, q.in_features, device="meta"),
+        "weight_scale": torch.empty(q.scales.shape, device="meta"),
+        "weight_zero_point": torch.empty(q.zero_points.shape, dtype=torch.int8, device="meta"),
+    }
+    declared = PackedQuantizationCompressor.compress(meta, scheme)["weight_zero_point"]
+    assert tuple(declared.shape) == tuple(q.zero_points.shape)
 
 
 def test_hf_names_invert_the_loader_renames(checkpoint):
