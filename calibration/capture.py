@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["ChannelObserver", "HessianObserver", "StopForward", "input_of"]
+__all__ = ["AbsMaxObserver", "ChannelObserver", "HessianObserver", "StopForward", "input_of"]
 
 _BLOCK = 256  # least channels per block row of the Hessian: narrower products are slower
 
@@ -111,3 +111,20 @@ class ChannelObserver:
     def sample(self) -> torch.Tensor:
         """[S * T, K] float32: the chosen samples' token rows, in order."""
         return torch.cat(self._picked)
+
+
+class AbsMaxObserver:
+    """max |x| per input channel over every token: SmoothQuant's activation ranges and the
+    per-tensor scale of static activation quantization (its max over channels)."""
+
+    __slots__ = ("_max",)
+
+    def __init__(self, in_features: int, device: torch.device | str = "cpu") -> None:
+        self._max = torch.zeros(in_features, dtype=torch.float32, device=device)
+
+    def __call__(self, x: torch.Tensor) -> None:
+        torch.maximum(self._max, x.abs().amax(0), out=self._max)  # x: [tokens, K]
+
+    def channel_max(self) -> torch.Tensor:
+        """[K] float32."""
+        return self._max.clone()

@@ -103,8 +103,17 @@ def inspect(artifact: str, as_json: bool) -> None:
 
 
 def _quantization(q: dict[str, Any]) -> str:
-    kind = "sym" if q.get("symmetric") else "asym"
-    return f"{q['method']} int{q['bits']} g{q['group_size']} {kind}: {q['modules']} modules"
+    if q["method"] == "smoothquant":
+        what = (
+            f"smoothquant W8A8 alpha {q['alpha']}, {q['weights']} int8 weights, "
+            f"{q['activations']} int8 activations"
+        )
+    elif q["method"] == "fp8":
+        what = f"fp8 E4M3 per-{q['weights']} weights, {q['activations']} fp8 activations"
+    else:
+        kind = "sym" if q.get("symmetric") else "asym"
+        what = f"{q['method']} int{q['bits']} g{q['group_size']} {kind}"
+    return f"{what}: {q['modules']} modules"
 
 
 def _echo_speculative(manifest) -> None:

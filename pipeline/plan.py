@@ -17,7 +17,7 @@ from typing import Any
 
 from .model.architecture import LAYER_LINEARS, linear_shape
 from .model.config import ConfigError, ModelConfig
-from .recipe import CALIBRATED_METHODS, Quantize, Recipe, RecipeError
+from .recipe import Quantize, Recipe, RecipeError
 from .source import OFFLINE_HINT, hub_cached_snapshot, hub_file, read_config_file, read_config_json
 
 __all__ = [
@@ -187,7 +187,7 @@ def _model_stages(
     """One model's stages; ``prefix`` names the draft's (``draft-quantize``, ...)."""
     base = CONSTANTS["runtime_baseline_bytes"]
     stages = [StageEstimate("source", base, weights / _DISK_RATE, "hash the weight files")]
-    calibrated = [e for e in entries if e.method in CALIBRATED_METHODS]
+    calibrated = [e for e in entries if e.calibrated]
     if calibrated and recipe.calibration is not None:
         stages.append(_calibrate(recipe, recipe_path))
         stages.append(_quantize_layerwise(shapes, recipe, calibrated))
@@ -373,6 +373,7 @@ def _evaluate(shapes: _Shapes, recipe: Recipe) -> StageEstimate | None:
     ppl = getattr(section, "perplexity", None) if section is not None else None
     if ppl is None:
         return None
+    methods |= {"gptq" for e in entries if getattr(e, "weights", None) == "gptq"}  # smoothquant
     windows = ppl.max_windows or 64  # unknown until the text is tokenized: assume 64
     tokens = windows * ppl.seq_len
     # Three forward passes over the windows: the float model, the quantized IR, the engine.

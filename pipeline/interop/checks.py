@@ -17,6 +17,8 @@ from ..recipe.errors import format_problem
 
 __all__ = ["gguf_model_problems", "interop_problems"]
 
+_ACTIVATION_METHODS = ("smoothquant", "fp8")  # W8A8 int8 and FP8: no interop writer yet
+
 
 def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     """One line per way the recipe's `interop` formats cannot hold its quantized model."""
@@ -28,8 +30,11 @@ def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     entry_of = {m: i for i, entry in enumerate(recipe.quantize) for m in selected(entry, modules)}
     problems = []
     for i, entry in enumerate(recipe.quantize):
-        if not isinstance(getattr(entry, "bits", None), int):
-            what = "interop formats store integer weights; this method has no bits"
+        if entry.method in _ACTIVATION_METHODS:
+            what = (
+                "the interop formats (gptq, awq, compressed-tensors, gguf) hold weight-only "
+                "integer quantization; this method also quantizes activations (or FP8 weights)"
+            )
             problems.append(format_problem(f"quantize.{i}.method", what, entry.method))
     for j, fmt in enumerate(recipe.interop):
         if fmt == "awq":

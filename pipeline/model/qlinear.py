@@ -1,4 +1,5 @@
-"""A linear layer with integer weights: the one dequantize path every consumer shares."""
+"""A linear layer with quantized weights (integer or FP8 codes), and optionally quantized
+inputs (W8A8, FP8): the one dequantize path every consumer shares."""
 
 from __future__ import annotations
 
@@ -8,17 +9,22 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from .input_quant import InputQuant, quantize_input
+
 __all__ = ["QuantizedLinear", "dequantize_in_place", "dequantized", "replace_module"]
 
 
 class QuantizedLinear(nn.Module):
     """y = x @ dequantize().T + bias, with W ≈ (codes - zero_points) * scales per group.
 
-    codes:       [N, K] int8 (symmetric, signed range) or uint8 (asymmetric, unsigned range)
+    codes:       [N, K] int8 (symmetric, signed range), uint8 (asymmetric, unsigned range)
+                 or float8_e4m3fn (FP8, bits 8, symmetric)
     scales:      [N, K / group_size] float32 (group_size = K for per-channel)
     zero_points: [N, K / group_size] same dtype as codes, or None when symmetric (zero is 0)
     g_idx:       [K] int64 group of each input channel, or None for contiguous groups
                  (act-order quantizers permute groups; contiguous groups are the export default)
+    input_quant: how the input is quantized (`input_quant.py`), or None (weight-only); int8
+                 inputs need int8 per-channel weights, FP8 inputs FP8 weights
     """
 
     def __init__(
@@ -30,6 +36,7 @@ class QuantizedLinear(nn.Module):
         group_size: int,
         bias: torch.Tensor | None = None,
         g_idx: torch.Tensor | None = None,
+        input_quant: InputQuant | None = None,
     ) -> None:
         super().__init__()
         n, k = codes.shape
@@ -37,6 +44,8 @@ class QuantizedLinear(nn.Module):
             raise ValueError(
                 f"scales {tuple(scales.shape)} do not fit codes {(n, k)} / g{group_size}"
             )
+        if codes.dtype == torch.float8_e4m3fn and (zero_points is not None or bits != 8):
+            raise ValueError("FP8 codes are 8-bit and symmetric (no zero points)")
         self.bits, self.group_size = bits, group_size
         self.in_features, self.out_features = k, n
         self.register_buffer("codes", codes)
@@ -44,10 +53,30 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("zero_points", zero_points)
         self.register_buffer("g_idx", g_idx)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.input_quant: InputQuant | None = None
+        self.set_input_quant(input_quant)
+
+    def set_input_quant(self, scheme: InputQuant | None) -> None:
+        """Quantize inputs by ``scheme`` (None: weight-only): int8 inputs need int8 symmetric
+        per-channel weights, FP8 inputs FP8 per-channel (or per-tensor) weights."""
+        if scheme is not None:
+            wanted = torch.int8 if scheme.dtype == "int8" else torch.float8_e4m3fn
+            k = self.in_features
+            per_channel = self.group_size == k and self.bits == 8 and self.symmetric
+            if self.codes.dtype != wanted or not per_channel:
+                raise ValueError(
+                    f"{scheme.dtype} inputs need symmetric per-channel 8-bit {wanted} weights "
+                    f"(got {self.bits}-bit {self.codes.dtype}, group size {self.group_size} of {k})"
+                )
+        self.input_quant = scheme
 
     @property
     def symmetric(self) -> bool:
         return self.zero_points is None
+
+    @property
+    def fp8(self) -> bool:
+        return self.codes.dtype == torch.float8_e4m3fn
 
     def dequantize(self) -> torch.Tensor:
         """The float weight [N, K] these codes stand for."""
@@ -66,20 +95,39 @@ class QuantizedLinear(nn.Module):
         return (codes - zeros) * scales
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.dequantize(), self.bias)
+        scheme = self.input_quant
+        if scheme is None or not scheme.calibrated:
+            return nn.functional.linear(x, self.dequantize(), self.bias)
+        q, s = quantize_input(x.float(), scheme)  # [..., K], [..., 1] or []
+        if scheme.dtype == "int8":
+            # Exact integer products (float64 holds every int32 sum), then the two scales in
+            # the graph's order: Cast -> Mul(s) -> Mul(weight scale).
+            acc = (q.double() @ self.codes.double().T).float()  # [..., N]
+            y = acc * s * self.scales[:, 0]
+        else:
+            y = nn.functional.linear(q * s, self.dequantize())
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         kind = "sym" if self.symmetric else "asym"
-        return f"{self.in_features}->{self.out_features}, int{self.bits} g{self.group_size} {kind}"
+        weights = "fp8" if self.fp8 else f"int{self.bits}"
+        text = f"{self.in_features}->{self.out_features}, {weights} g{self.group_size} {kind}"
+        if self.input_quant is not None:
+            how = "static" if self.input_quant.static else "dynamic"
+            text += f", {self.input_quant.dtype} {how} inputs"
+        return text
 
 
 def dequantize_in_place(module: nn.Module) -> list[tuple[str, QuantizedLinear]]:
-    """Swap each QuantizedLinear under `module` for a float Linear holding its dequantized
-    weight; returns what was swapped. Outputs are bit-identical (QuantizedLinear.forward is
-    exactly ``linear(x, dequantize(), bias)``) but the dequantize runs once, not per call."""
+    """Swap each weight-only QuantizedLinear under `module` for a float Linear holding its
+    dequantized weight; returns what was swapped. Outputs are bit-identical (its forward is
+    exactly ``linear(x, dequantize(), bias)``) but the dequantize runs once, not per call.
+    Linears that quantize their inputs stay: their forward is not a float linear."""
     swapped = []
     for name, m in list(module.named_modules()):
-        if isinstance(m, QuantizedLinear):
+        if isinstance(m, QuantizedLinear) and (
+            m.input_quant is None or not m.input_quant.calibrated
+        ):
             with torch.device("meta"):
                 linear = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
             linear.weight = nn.Parameter(m.dequantize(), requires_grad=False)

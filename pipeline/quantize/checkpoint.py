@@ -1,6 +1,7 @@
 """Save and load the (possibly quantized) IR: the quantize stage's cached output.
 
-ir_config.json      ModelConfig + which modules are quantized (bits, group size)
+ir_config.json      ModelConfig + which modules are quantized (bits, group size, and how
+                    their inputs are quantized, if they are)
 ir.safetensors      the state dict: float weights, and codes/scales/zero_points
 
 The layer-by-layer quantizers also checkpoint one decoder layer at a time (``save_layer`` /
@@ -14,7 +15,7 @@ import json
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from safetensors import safe_open
@@ -22,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..model.config import ModelConfig
+from ..model.input_quant import InputQuant
 from ..model.layers import DecoderLayer
 from ..model.llama import LlamaModel
 from ..model.qlinear import QuantizedLinear
@@ -48,20 +50,24 @@ _DTYPES = {
     torch.int32: "I32",
     torch.int8: "I8",
     torch.uint8: "U8",
+    torch.float8_e4m3fn: "F8_E4M3",
 }
 
 
-def quantized_modules(module: nn.Module) -> dict[str, dict[str, int]]:
-    """{module name: {"bits", "group_size"}} of every QuantizedLinear inside ``module``."""
-    return {
-        name: {"bits": m.bits, "group_size": m.group_size}
-        for name, m in module.named_modules()
-        if isinstance(m, QuantizedLinear)
-    }
+def quantized_modules(module: nn.Module) -> dict[str, dict[str, Any]]:
+    """{module name: {"bits", "group_size"[, "input_quant"]}} of every QuantizedLinear inside
+    ``module`` (input_quant: `InputQuant.to_dict`, only for linears that quantize inputs)."""
+    found = {}
+    for name, m in module.named_modules():
+        if isinstance(m, QuantizedLinear):
+            found[name] = {"bits": m.bits, "group_size": m.group_size}
+            if m.input_quant is not None:
+                found[name]["input_quant"] = m.input_quant.to_dict()
+    return found
 
 
 def _install_quantized(
-    module: nn.Module, quantized: dict[str, dict[str, int]], state: dict[str, torch.Tensor]
+    module: nn.Module, quantized: dict[str, dict[str, Any]], state: dict[str, torch.Tensor]
 ) -> None:
     """Replace the named linears of ``module`` by QuantizedLinears built from (and popped out
     of) ``state``."""
@@ -79,6 +85,7 @@ def _install_quantized(
                 group_size=q["group_size"],
                 bias=state.pop(f"{name}.bias", None),
                 g_idx=state.pop(f"{name}.g_idx", None),
+                input_quant=InputQuant.from_dict(q.get("input_quant")),
             ),
         )
 
@@ -87,7 +94,7 @@ def _state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in module.state_dict().items() if v is not None}
 
 
-def write_ir_config(cfg: ModelConfig, quantized: dict[str, dict[str, int]], out: Path) -> None:
+def write_ir_config(cfg: ModelConfig, quantized: dict[str, dict[str, Any]], out: Path) -> None:
     meta = {"config": cfg.to_dict(), "quantized": quantized}
     (out / "ir_config.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
@@ -135,7 +142,7 @@ def load_layer(cfg: ModelConfig, stem: Path) -> DecoderLayer:
 
 
 def fill_module(
-    module: M, quantized: dict[str, dict[str, int]], state: dict[str, torch.Tensor], what: str
+    module: M, quantized: dict[str, dict[str, Any]], state: dict[str, torch.Tensor], what: str
 ) -> M:
     """`module` (built on the meta device) with its quantized linears installed and every
     tensor of `state` assigned; ValueError naming `what` if they do not fit each other."""

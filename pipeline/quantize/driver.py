@@ -76,7 +76,7 @@ from .layerwise import (
     needs_calibration,
     quantize_layer,
 )
-from .rtn import quantize_linears_rtn
+from .rtn import ROUNDED_METHODS, quantize_linears_rtn
 from .summary import summaries
 
 __all__ = ["LayerCheckpoints", "quantize_in_place", "quantize_layers"]
@@ -307,9 +307,10 @@ def _quantize_one_layer(
 def _quantize_lm_head(
     source: LayerSource, entries: Sequence[Quantize], finished: _Finished
 ) -> None:
-    # Outside the decoder layers only RTN applies: the recipe checks refuse the rest.
+    # Outside the decoder layers only uncalibrated rounding (rtn, fp8 without static
+    # activations) applies: the recipe checks refuse the rest.
     entry = entry_for(LM_HEAD.name, entries)
-    if entry is None or entry.method != "rtn" or finished.lm_head_done():
+    if entry is None or entry.method not in ROUNDED_METHODS or finished.lm_head_done():
         return
     holder = nn.Module()
     holder.lm_head = source.lm_head()

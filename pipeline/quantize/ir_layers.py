@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -41,7 +42,7 @@ class IRLayers:
         self.path = Path(ir_dir)
         meta = json.loads((self.path / IR_CONFIG).read_text())
         self._cfg = ModelConfig.from_dict(meta["config"])
-        self._quantized: dict[str, dict[str, int]] = meta["quantized"]
+        self._quantized: dict[str, dict[str, Any]] = meta["quantized"]
         self._file = self.path / IR_TENSORS
         with safe_open(str(self._file), framework="pt") as f:
             self._names = frozenset(f.keys())

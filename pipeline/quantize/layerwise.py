@@ -1,4 +1,5 @@
-"""Calibrated quantization (GPTQ, AWQ) of one Llama-family decoder layer.
+"""Calibrated quantization (GPTQ, AWQ, SmoothQuant W8A8, static FP8 inputs) of one
+Llama-family decoder layer.
 
 The linears are quantized group by group in the order their inputs are computed:
 q,k,v -> o -> gate,up -> down. With ``true_sequential`` (GPTQ's default) each group is fitted to
@@ -25,18 +26,21 @@ import torch
 from torch import nn
 
 from ingot.calibration.activations import ActivationStore
-from ingot.calibration.capture import ChannelObserver, HessianObserver, input_of
+from ingot.calibration.capture import AbsMaxObserver, ChannelObserver, HessianObserver, input_of
 
 from ..model.architecture import GATE_UP, LAYER_GROUPS, QKV, scaling_groups
 from ..model.config import ModelConfig
-from ..model.layers import DecoderLayer
+from ..model.input_quant import InputQuant
+from ..model.layers import DecoderLayer, RMSNorm
 from ..model.llama import causal_mask
 from ..model.qlinear import QuantizedLinear, dequantize_in_place, dequantized, replace_module
 from ..model.rope import cos_sin
 from ..model.selection import entry_for
-from ..recipe.quantize import CALIBRATED_METHODS, GptqQuantize, Quantize
+from ..recipe.quantize import GptqQuantize, Quantize, SmoothQuantQuantize
 from .awq import apply_scales, quantize_linear_awq, search_scales
 from .gptq import quantize_linear_gptq
+from .rtn import quantize_linear_rtn
+from .smoothquant import smoothed_hessian, smoothing_scales
 from .threads import solver_threads
 
 __all__ = [
@@ -58,7 +62,7 @@ LayerPlan = dict[str, Quantize]
 
 
 def needs_calibration(entries: Sequence[Quantize]) -> bool:
-    return any(entry.method in CALIBRATED_METHODS for entry in entries)
+    return any(entry.calibrated for entry in entries)
 
 
 def layer_plan(i: int, entries: Sequence[Quantize]) -> LayerPlan:
@@ -215,10 +219,11 @@ class _Observed:
     width: int
     hessian: HessianObserver | None
     channels: ChannelObserver | None
+    absmax: AbsMaxObserver | None
 
     def __call__(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, self.width).to(torch.float32)  # [tokens, K]
-        for observer in (self.hessian, self.channels):
+        for observer in (self.hessian, self.channels, self.absmax):
             if observer is not None:
                 observer(x)
 
@@ -248,21 +253,25 @@ class _Steps:
 
     def _chosen(self, group: tuple[str, ...]) -> list[str]:
         plan = self.plan
-        return [n for n in group if n in plan and plan[n].method in CALIBRATED_METHODS]
+        return [n for n in group if n in plan and plan[n].calibrated]
 
     def observers(self, group: tuple[str, ...]) -> _Observed | None:
         """What the group's calibrated linears need observed; None if nothing."""
         chosen = self._chosen(group)
         if not chosen:
             return None
-        methods = {self.plan[n].method for n in chosen}
+        entries = [self.plan[n] for n in chosen]
+        methods = {e.method for e in entries}
         width = self.layer.get_submodule(group[0]).in_features  # the group shares one input
         device = self.forward.device  # where the layer runs, and its inputs are
-        hessian = HessianObserver(width, device) if "gptq" in methods else None
+        gptq = "gptq" in methods or any(_gptq_weights(e) for e in entries)
+        hessian = HessianObserver(width, device) if gptq else None
         channels = None
         if "awq" in methods:
             channels = ChannelObserver(width, self.samples, self.seq_len, AWQ_SAMPLE_TOKENS, device)
-        return _Observed(width, hessian, channels)
+        # Activation ranges: SmoothQuant's scales, and static input scales (smoothquant, fp8).
+        absmax = AbsMaxObserver(width, device) if methods & {"smoothquant", "fp8"} else None
+        return _Observed(width, hessian, channels, absmax)
 
     @staticmethod
     def feed(observed: _Observed | None, x: torch.Tensor) -> None:
@@ -289,10 +298,38 @@ class _Steps:
                 if scale is not None:
                     x = x / scale  # what the scaled linears now receive
             h = None if observed.hessian is None else observed.hessian.hessian()
+            act_max = None if observed.absmax is None else observed.absmax.channel_max()  # [K]
+            smooth = self._smooth(group, act_max)
+            if smooth is not None:
+                act_max = act_max / smooth  # the ranges of what the smoothed linears receive
+                h = None if h is None else smoothed_hessian(h, smooth)
             for name in self._chosen(group):
-                linear = self.layer.get_submodule(name)
-                replace_module(self.layer, name, _quantize_one(linear, name, self.plan[name], h, x))
+                linear, entry = self.layer.get_submodule(name), self.plan[name]
+                if not isinstance(linear, QuantizedLinear):  # fp8's weights are rounded already
+                    linear = _quantize_one(linear, name, entry, h, x)
+                    replace_module(self.layer, name, linear)
+                if act_max is not None:
+                    _set_input_scale(linear, entry, act_max)
         return scale is not None
+
+    def _smooth(self, group: tuple[str, ...], act_max: torch.Tensor | None) -> torch.Tensor | None:
+        """Fold SmoothQuant's scales into the norm before ``group`` and return them; None when
+        the group is not smoothed (not fed by a norm: o_proj, down_proj; or not all of its
+        linears smoothquant entries with one alpha)."""
+        entries = [self.plan.get(n) for n in group]
+        if act_max is None or not all(isinstance(e, SmoothQuantQuantize) for e in entries):
+            return None
+        alphas = {e.alpha for e in entries}
+        prev = {linears: prev for prev, linears in scaling_groups(self.cfg)}.get(group)
+        if len(alphas) != 1 or None in alphas or prev is None:
+            return None
+        norm = self.layer.get_submodule(prev)
+        if not isinstance(norm, RMSNorm):
+            return None
+        linears = [self.layer.get_submodule(n) for n in group]
+        s = smoothing_scales(act_max, [m.weight.data for m in linears], alphas.pop())
+        apply_scales(norm, linears, s)
+        return s
 
     def _awq_scale(
         self, group: tuple[str, ...], channels: ChannelObserver, x: torch.Tensor
@@ -340,17 +377,45 @@ def _inspected_output(layer: DecoderLayer, group: tuple[str, ...], x: torch.Tens
     return output
 
 
+def _gptq_weights(entry: Quantize) -> bool:
+    return isinstance(entry, SmoothQuantQuantize) and entry.weights == "gptq"
+
+
+def _set_input_scale(linear: QuantizedLinear, entry: Quantize, act_max: torch.Tensor) -> None:
+    """The input scheme of a W8A8 linear, and the scale of a static one: max |x| over the
+    calibration tokens and channels, mapped to the dtype's largest value."""
+    if isinstance(entry, SmoothQuantQuantize):
+        scheme = InputQuant("int8", static=entry.activations == "static")
+    else:
+        scheme = linear.input_quant
+    if scheme is not None and scheme.static:
+        peak = float(act_max.max())
+        scheme = InputQuant(scheme.dtype, True, max(peak, 1e-8) / scheme.max_value)
+    linear.set_input_quant(scheme)
+
+
 def _quantize_one(linear: nn.Linear, name: str, entry: Quantize, hessian, x) -> QuantizedLinear:
+    if isinstance(entry, SmoothQuantQuantize):  # int8 symmetric per-channel weights
+        if entry.weights == "rtn":
+            return quantize_linear_rtn(linear, *entry.quantizer)
+        return _gptq(linear, hessian, *entry.quantizer, GptqQuantize.model_construct())
     bits, group_size, symmetric = entry.quantizer
     common = {"bits": bits, "group_size": group_size, "symmetric": symmetric}
     if isinstance(entry, GptqQuantize):
-        return quantize_linear_gptq(
-            linear,
-            hessian,
-            **common,
-            actorder=entry.actorder,
-            static_groups=entry.static_groups,
-            dampening_frac=entry.dampening_frac,
-            block_size=entry.block_size,
-        )
+        return _gptq(linear, hessian, bits, group_size, symmetric, entry)
     return quantize_linear_awq(linear, x, name=name, **common)
+
+
+def _gptq(linear, hessian, bits: int, group_size: int, symmetric: bool, options: GptqQuantize):
+    """GPTQ with ``options``' settings (a smoothquant entry passes GPTQ's defaults)."""
+    return quantize_linear_gptq(
+        linear,
+        hessian,
+        bits=bits,
+        group_size=group_size,
+        symmetric=symmetric,
+        actorder=options.actorder,
+        static_groups=options.static_groups,
+        dampening_frac=options.dampening_frac,
+        block_size=options.block_size,
+    )

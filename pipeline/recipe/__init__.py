@@ -18,7 +18,14 @@ from .evaluate import Evaluate, Perplexity, SpeculativeEval
 from .export import Export, KvCache
 from .interop import InteropFormat
 from .load import load_recipe
-from .quantize import CALIBRATED_METHODS, AwqQuantize, GptqQuantize, Quantize, RtnQuantize
+from .quantize import (
+    AwqQuantize,
+    Fp8Quantize,
+    GptqQuantize,
+    Quantize,
+    RtnQuantize,
+    SmoothQuantQuantize,
+)
 from .recipe import STAGES, Recipe, recipe_json_schema
 from .source import HubSource, LocalSource, Source
 from .speculative import Draft, DraftModelSpeculative, NgramSpeculative, Speculative
@@ -28,12 +35,12 @@ __all__ = [
     "Artifact",
     "ArtifactSign",
     "AwqQuantize",
-    "CALIBRATED_METHODS",
     "Calibration",
     "Draft",
     "DraftModelSpeculative",
     "Evaluate",
     "Export",
+    "Fp8Quantize",
     "GptqQuantize",
     "HubSource",
     "InteropFormat",
@@ -46,6 +53,7 @@ __all__ = [
     "RecipeError",
     "Quantize",
     "RtnQuantize",
+    "SmoothQuantQuantize",
     "STAGES",
     "Source",
     "Speculative",

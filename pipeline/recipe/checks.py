@@ -14,7 +14,7 @@ from ..model.architecture import dim_label, dim_size, layer_linear, linear_names
 from ..model.config import ModelConfig
 from ..model.selection import pattern_matches, selected
 from .errors import format_problem
-from .quantize import CALIBRATED_METHODS, Quantize, RtnQuantize
+from .quantize import Quantize, RtnQuantize
 from .recipe import Recipe
 
 __all__ = ["model_problems", "quantize_problems"]
@@ -44,7 +44,7 @@ def quantize_problems(entries: Sequence[Quantize], cfg: ModelConfig, path: str) 
         if not chosen and not pattern_problems:
             problems.append(f"{at}: selects no module (its ignore covers its targets)")
         problems += _check_group_size(at, entry, chosen, cfg)
-        if entry.method in CALIBRATED_METHODS and "lm_head" in chosen:
+        if entry.calibrated and "lm_head" in chosen:
             problems.append(
                 f"{at}.ignore: {entry.method} quantizes decoder-layer linears only "
                 "and lm_head is selected (add lm_head to ignore, or quantize it with an rtn entry)"

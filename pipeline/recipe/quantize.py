@@ -1,4 +1,5 @@
-"""The `quantize` section: a list of passes (rtn, gptq, awq), each selecting modules by pattern."""
+"""The `quantize` section: a list of passes (rtn, gptq, awq, smoothquant, fp8), each selecting
+modules by pattern."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from pydantic_core import PydanticCustomError
 from .base import _Strict
 
 __all__ = [
-    "CALIBRATED_METHODS",
     "AwqQuantize",
+    "Fp8Quantize",
     "GptqQuantize",
     "Quantize",
     "RtnQuantize",
+    "SmoothQuantQuantize",
     "quantize_entry",
 ]
 
@@ -68,6 +70,11 @@ class _IntegerWeights:
     def quantizer(self) -> tuple[int, int, bool]:
         """(bits, group_size, symmetric): the arguments of the round-to-nearest grid."""
         return self.bits, self.group_size, self.symmetric  # type: ignore[attr-defined]
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the entry needs the calibration windows (the layer-sequential pass)."""
+        return self.method in ("gptq", "awq")  # type: ignore[attr-defined]
 
 
 class RtnQuantize(_IntegerWeights, _Strict):
@@ -150,9 +157,73 @@ class AwqQuantize(_IntegerWeights, _Strict):
     ignore: Ignore = ["lm_head"]
 
 
+class SmoothQuantQuantize(_Strict):
+    """SmoothQuant W8A8: activation outliers migrated into the weights by per-channel scales
+    s_j = max|X_j|^alpha / max|W_j|^(1-alpha), folded into the RMSNorm before q,k,v and before
+    gate,up (o_proj and down_proj are not smoothed, as llm-compressor maps them); then int8
+    symmetric per-channel weights and int8 activations. Needs `calibration`."""
+
+    method: Literal["smoothquant"] = Field(description="Quantization algorithm.")
+    alpha: float | None = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Migration strength; null: no smoothing (plain W8A8).",
+    )
+    weights: Literal["gptq", "rtn"] = Field(
+        default="gptq", description="How the int8 per-channel weights are rounded."
+    )
+    activations: Literal["dynamic", "static"] = Field(
+        default="dynamic",
+        description="int8 activations: dynamic = one scale per token, computed at run time; "
+        "static = one scale per tensor, from the calibration windows.",
+    )
+    targets: Targets = ["re:.*"]
+    ignore: Ignore = ["lm_head"]
+
+    @property
+    def bits(self) -> int:
+        return 8
+
+    @property
+    def quantizer(self) -> tuple[int, int, bool]:
+        return 8, -1, True
+
+    @property
+    def calibrated(self) -> bool:
+        return True
+
+
+class Fp8Quantize(_Strict):
+    """FP8 E4M3 weights (one scale per output channel or per tensor) and optionally FP8
+    activations. Needs `calibration` only for static activation scales."""
+
+    method: Literal["fp8"] = Field(description="Quantization algorithm.")
+    weights: Literal["channel", "tensor"] = Field(
+        default="channel", description="Weight scale granularity: per output channel or tensor."
+    )
+    activations: Literal["dynamic", "static", "none"] = Field(
+        default="dynamic",
+        description="FP8 activations: dynamic = one scale per token at run time; static = one "
+        "scale per tensor from the calibration windows; none = weight-only FP8.",
+    )
+    targets: Targets = ["re:.*"]
+    ignore: Ignore = ["lm_head"]
+
+    @property
+    def bits(self) -> int:
+        return 8
+
+    @property
+    def calibrated(self) -> bool:
+        return self.activations == "static"
+
+
 # Discriminated by `method`: an unknown method fails with the list of known ones.
-Quantize = Annotated[RtnQuantize | GptqQuantize | AwqQuantize, Field(discriminator="method")]
-CALIBRATED_METHODS = ("gptq", "awq")
+Quantize = Annotated[
+    RtnQuantize | GptqQuantize | AwqQuantize | SmoothQuantQuantize | Fp8Quantize,
+    Field(discriminator="method"),
+]
 
 
 def quantize_entry(data: dict[str, Any]) -> Quantize:

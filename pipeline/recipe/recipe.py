@@ -15,7 +15,7 @@ from .calibration import Calibration
 from .evaluate import Evaluate
 from .export import Export, KvCache
 from .interop import InteropFormat, _check_unique_formats
-from .quantize import CALIBRATED_METHODS, Quantize
+from .quantize import Quantize
 from .source import Source
 from .speculative import Draft, Speculative
 from .targets import OnnxRuntimeTarget, Target, _check_unique_targets
@@ -62,7 +62,7 @@ class Recipe(_Strict):
             f"{path}.{i} (method {q.method})"
             for path, entries in self.quantize_lists().items()
             for i, q in enumerate(entries)
-            if q.method in CALIBRATED_METHODS
+            if q.calibrated
         ]
         if needing and self.calibration is None:
             raise PydanticCustomError(

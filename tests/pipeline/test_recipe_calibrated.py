@@ -1,5 +1,5 @@
-"""Recipe entries for GPTQ and AWQ: defaults, the calibration they need, and the combinations
-refused before any work."""
+"""Recipe entries for GPTQ, AWQ, SmoothQuant and FP8: defaults, the calibration they need, and
+the combinations refused before any work."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ import pytest
 
 from ingot.pipeline.model.config import ModelConfig
 from ingot.pipeline.preflight import check_recipe_against_model
-from ingot.pipeline.recipe import AwqQuantize, GptqQuantize, RecipeError, load_recipe
+from ingot.pipeline.interop.checks import interop_problems
+from ingot.pipeline.recipe import (
+    AwqQuantize,
+    Fp8Quantize,
+    GptqQuantize,
+    RecipeError,
+    SmoothQuantQuantize,
+    load_recipe,
+)
 
 CALIBRATION = "calibration: {dataset: calib.txt, samples: 16, seq_len: 64}\n"
 MODEL_CONFIG = {
@@ -79,6 +87,20 @@ def test_defaults(tmp_path):
             CALIBRATION,
             ["quantize.0.blocksize: unknown field", "block_size"],
         ),
+        (
+            "[{method: smoothquant}]",
+            "",
+            ["calibration: required field missing", "quantize.0 (method smoothquant)"],
+        ),
+        (
+            "[{method: fp8, activations: static}]",
+            "",
+            ["calibration: required field missing", "quantize.0 (method fp8)"],
+        ),
+        ("[{method: smoothquant, alpha: 1.5}]", CALIBRATION, ["quantize.0.alpha", "1.5"]),
+        ("[{method: smoothquant, bits: 4}]", CALIBRATION, ["quantize.0.bits: unknown field"]),
+        ("[{method: fp8, weights: group}]", "", ["quantize.0.weights", "'channel' or 'tensor'"]),
+        ("[{method: smoothquant, activations: token}]", CALIBRATION, ["quantize.0.activations"]),
     ],
 )
 def test_refused(tmp_path, quantize, calibration, fragments):
@@ -105,3 +127,36 @@ def test_calibrated_methods_refuse_lm_head(tmp_path):
     check_recipe_against_model(
         mixed, ModelConfig.from_hf(MODEL_CONFIG)
     )  # lm_head by RTN, the layers by AWQ
+
+
+def test_smoothquant_and_fp8_defaults(tmp_path):
+    recipe = load(
+        tmp_path,
+        "[{method: smoothquant, targets: ['re:layers\\..*\\.attn\\..*']},"
+        " {method: fp8, targets: ['re:layers\\..*\\.mlp\\..*']}]",
+    )
+    w8a8, fp8 = recipe.quantize
+    assert isinstance(w8a8, SmoothQuantQuantize) and isinstance(fp8, Fp8Quantize)
+    assert (w8a8.alpha, w8a8.weights, w8a8.activations) == (0.5, "gptq", "dynamic")
+    assert (fp8.weights, fp8.activations) == ("channel", "dynamic")
+    assert w8a8.calibrated and not fp8.calibrated  # dynamic FP8 scales need no data
+    no_calibration = load(tmp_path, "[{method: fp8, ignore: []}]", calibration="")
+    check_recipe_against_model(no_calibration, ModelConfig.from_hf(MODEL_CONFIG))  # lm_head too
+
+
+def test_smoothquant_and_static_fp8_refuse_lm_head(tmp_path):
+    cfg = ModelConfig.from_hf(MODEL_CONFIG)
+    for entry in (
+        "{method: smoothquant, ignore: []}",
+        "{method: fp8, activations: static, ignore: []}",
+    ):
+        recipe = load(tmp_path, f"[{entry}]")
+        with pytest.raises(RecipeError, match=r"quantize\.0\.ignore: .* decoder-layer linears"):
+            check_recipe_against_model(recipe, cfg)
+
+
+def test_interop_formats_refuse_activation_quantization(tmp_path):
+    text = "[{method: smoothquant}]\ninterop: [compressed-tensors]"
+    recipe = load(tmp_path, text)
+    [problem] = interop_problems(recipe, ModelConfig.from_hf(MODEL_CONFIG))
+    assert problem.startswith("quantize.0.method:") and "smoothquant" in problem
