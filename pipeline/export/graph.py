@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
+import ml_dtypes
 import numpy as np
 from onnx import TensorProto, helper
 
@@ -27,6 +28,7 @@ _NUMPY_TO_ONNX = {
     np.dtype(np.int64): TensorProto.INT64,
     np.dtype(np.int8): TensorProto.INT8,
     np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(ml_dtypes.float8_e4m3fn): TensorProto.FLOAT8E4M3FN,
 }
 
 
@@ -127,6 +129,8 @@ class GraphBuilder:
             tensor.external_data.add(key=key, value=value)
         written = 0
         for chunk in chunks:
+            if isinstance(chunk, np.ndarray):  # ml_dtypes' float8 has no buffer format
+                chunk = chunk.reshape(-1).view(np.uint8)
             view = memoryview(chunk).cast("B")
             self._data.write(view)
             written += view.nbytes

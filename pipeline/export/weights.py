@@ -1,4 +1,5 @@
-"""Linear layers as ONNX: float MatMul, or integer codes behind DequantizeLinear -> MatMul.
+"""Linear layers as ONNX: float MatMul, or integer / FP8 codes behind DequantizeLinear -> MatMul
+(linears that also quantize their inputs: input_quant.py).
 
 Weights are stored [K, N] (transposed from PyTorch's [N, K]) so that ``x @ W`` is a plain MatMul
 and the quantization blocks run along axis 0 (K): that is the form ONNX Runtime rewrites into
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import ml_dtypes
 import numpy as np
 import torch
 from torch import nn
@@ -19,6 +21,7 @@ from torch import nn
 from ..model.qlinear import QuantizedLinear
 from .errors import ExportError
 from .graph import GraphBuilder
+from .input_quant import emit_input_quantized
 
 __all__ = ["emit_linear", "emit_linears", "emit_dequantized_weight"]
 
@@ -30,15 +33,26 @@ def emit_linear(
 
     ``out`` names the result (a graph output such as ``logits``); otherwise it is generated.
     """
-    if isinstance(module, QuantizedLinear):
+    quantized_inputs = isinstance(module, QuantizedLinear) and module.input_quant is not None
+    if quantized_inputs and not module.input_quant.calibrated:
+        raise ExportError(f"{name}: static input scale was never calibrated")
+    if quantized_inputs and module.input_quant.dtype == "int8":
+        w = g.rows(f"{name}.codes_t", _numpy(module.codes).T)  # [K, N] int8, read as integers
+    elif isinstance(module, QuantizedLinear):
         w = emit_dequantized_weight(g, module, name)  # [K, N] float32
     elif isinstance(module, nn.Linear):
         w = g.rows(f"{name}.weight_t", _numpy(module.weight.float()).T)  # [K, N]
     else:
         raise ExportError(f"{name}: cannot export a {type(module).__name__} as a linear layer")
+    last = out if module.bias is None else None
+    if quantized_inputs:
+        y = emit_input_quantized(g, x, module, w, name)
+        if last is not None:  # a named output: the last node must produce it
+            return g.op("Identity", [y], f"{name}/out", out=last)
+    else:
+        y = g.op("MatMul", [x, w], f"{name}/MatMul", out=last)
     if module.bias is None:
-        return g.op("MatMul", [x, w], f"{name}/MatMul", out=out)
-    y = g.op("MatMul", [x, w], f"{name}/MatMul")
+        return y
     bias = g.array(f"{name}.bias", _numpy(module.bias.float()))
     return g.op("Add", [y, bias], f"{name}/Add", out=out)
 
@@ -86,7 +100,10 @@ def _concatenated(modules: Sequence[nn.Module], name: str) -> nn.Module | None:
         return fused
     if not all(isinstance(m, QuantizedLinear) for m in modules):
         return None
-    scheme = {(m.bits, m.group_size, m.codes.dtype, m.symmetric, m.g_idx is None) for m in modules}
+    scheme = {
+        (m.bits, m.group_size, m.codes.dtype, m.symmetric, m.g_idx is None, m.input_quant)
+        for m in modules
+    }
     if len(scheme) != 1 or first.g_idx is not None:
         return None
     zeros = None if first.symmetric else torch.cat([m.zero_points for m in modules])
@@ -97,6 +114,7 @@ def _concatenated(modules: Sequence[nn.Module], name: str) -> nn.Module | None:
         first.bits,
         first.group_size,
         bias=bias,
+        input_quant=first.input_quant,
     )
 
 
@@ -108,6 +126,8 @@ def emit_dequantized_weight(g: GraphBuilder, q: QuantizedLinear, name: str) -> s
             "supported yet (it arrives with GPTQ export). Quantize without act order."
         )
     n, k = q.codes.shape
+    if q.fp8:
+        return _dequantized_fp8(g, q, name)
     signed = q.codes.dtype == torch.int8
     if q.codes.dtype not in (torch.int8, torch.uint8) or q.bits not in (4, 8):
         raise ExportError(f"{name}: unsupported codes {q.codes.dtype} with bits={q.bits}")
@@ -136,6 +156,19 @@ def emit_dequantized_weight(g: GraphBuilder, q: QuantizedLinear, name: str) -> s
     if zeros is not None:
         inputs.append(_codes(g, f"{name}.zero_points_t", zeros, q.bits, signed))
     return g.op("DequantizeLinear", inputs, f"{name}/DequantizeLinear", **attrs)
+
+
+def _dequantized_fp8(g: GraphBuilder, q: QuantizedLinear, name: str) -> str:
+    """FP8 codes [K, N] with one scale per output column (axis 1), or one scalar when every
+    column shares it (per-tensor weights)."""
+    scales = _numpy(q.scales)[:, 0]  # [N]
+    codes = _numpy(q.codes.view(torch.uint8)).view(ml_dtypes.float8_e4m3fn)  # [N, K]
+    inputs = [g.rows(f"{name}.codes_t", codes.T)]
+    if np.all(scales == scales[0]):
+        inputs.append(g.array(f"{name}.scale", scales[:1].reshape(())))
+        return g.op("DequantizeLinear", inputs, f"{name}/DequantizeLinear")
+    inputs.append(g.rows(f"{name}.scales_t", scales.astype(np.float32, copy=False)))
+    return g.op("DequantizeLinear", inputs, f"{name}/DequantizeLinear", axis=1)
 
 
 def _codes(g: GraphBuilder, name: str, values: np.ndarray, bits: int, signed: bool) -> str:
