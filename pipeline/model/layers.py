@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from .config import ModelConfig
 from .rope import apply_rotary
+
+if TYPE_CHECKING:
+    from .kv_quant import KVQuant
 
 __all__ = ["RMSNorm", "Attention", "MLP", "DecoderLayer"]
 
@@ -36,6 +41,19 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=cfg.o_bias)
+        # A quantized KV cache (kv_quant.py): K and V are rounded to the pool's codes before
+        # anything attends to them. None: the pool keeps them as computed (fp32).
+        self.kv_quant: KVQuant | None = None
+
+    def project_kv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [B, T, hidden] -> K (rotated) and V as computed, [B, Hkv, T, D] each: what the
+        pool stores before any rounding."""
+        b, t, _ = x.shape
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rotary(k, cos, sin), v
 
     def forward(
         self,
@@ -49,9 +67,10 @@ class Attention(nn.Module):
         past k, v: [B, Hkv, P, D]."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # [B, H*, T, D]
+        q = apply_rotary(q, cos, sin)  # [B, H, T, D]
+        k, v = self.project_kv(x, cos, sin)  # [B, Hkv, T, D]
+        if self.kv_quant is not None:
+            k, v = self.kv_quant(k, v)  # the values the pool's codes stand for
         if past is not None:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
         groups = self.num_heads // self.num_kv_heads
