@@ -20,6 +20,14 @@ precision; a wrong K or V differs by far more than one ulp and is not adopted. W
 two sides differ only by fp32 arithmetic (and, with ``accuracy="int8_activations"``, by ORT's
 int8 activation quantization), whatever the pool's dtype.
 
+An int8 / fp8 pool (`pipeline/model/kv_quant.py`) is the same story one grid coarser: the IR's
+layers round their K/V to the pool's codes themselves (`KVQuant`, the calibrated per-head
+scales the graph holds), and where the graph stored a neighbouring code (the two sides rounded
+a value lying on a code boundary each its own way: fp32 noise, a 1-step difference), the
+reference adopts the graph's code. A wrong K or V differs by many steps and is not adopted.
+The reference's layers must round as the graph's pool does (same dtype), else the check fails
+naming both.
+
 The reference is computed layer-major: `LayerSource.layer(i)` is asked for once per layer, every
 sequence runs its two chunks through that layer (keeping only that layer's own K/V cache), and
 the layer is let go before the next is asked for. The check therefore costs one decoder layer
@@ -69,6 +77,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ..model.kv_quant import KVQuant, dequantize_kv, quantize_kv
 from ..model.layer_source import LayerSource, ModelLayers
 from ..model.llama import LlamaModel, causal_mask
 from ..model.qlinear import dequantized
@@ -85,7 +94,14 @@ RTOL: dict[str, float] = {"exact": 2e-4, "int8_activations": 0.5}
 
 _ACCURACY_LEVEL = {"exact": "0", "int8_activations": "4"}  # session.qdq_matmulnbits_accuracy_level
 _ACCURACY_KEY = "session.qdq_matmulnbits_accuracy_level"
-_KV_TYPES = {"tensor(float)": (np.float32, "fp32"), "tensor(float16)": (np.float16, "fp16")}
+# pool input type -> (numpy dtype of the pool, kv_cache.dtype); an fp8 pool is E4M3FN bytes
+_KV_TYPES = {
+    "tensor(float)": (np.float32, "fp32"),
+    "tensor(float16)": (np.float16, "fp16"),
+    "tensor(int8)": (np.int8, "int8"),
+    "tensor(uint8)": (np.uint8, "fp8"),
+}
+_KV_NAMES = {np.dtype(dtype): name for dtype, name in _KV_TYPES.values()}
 
 
 def session_options(accuracy: Accuracy = "exact") -> Any:
@@ -252,20 +268,24 @@ def _reference(
     stored: StoredKV | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray], int]:
     """The IR's logits [n, V] and hidden [n, hidden] for each prompt, prefilled in two chunks
-    (``prompts[s][:splits[s]]`` then the rest) with K/V rounded to ``kv_dtype`` as the pool
-    stores them, adopting the graph's ``stored`` values at fp16 rounding ties; and the number
-    of ties adopted. Layer-major: holds one decoder layer at a time."""
+    (``prompts[s][:splits[s]]`` then the rest) with K/V rounded to ``kv_dtype`` (the pool's
+    numpy dtype; uint8: fp8 codes) as the pool stores them, adopting the graph's ``stored``
+    values at rounding ties; and the number of ties adopted. Layer-major: holds one decoder
+    layer at a time."""
     cfg = source.cfg
     table = source.embedding()
     xs = [table[torch.from_numpy(np.asarray(p, dtype=np.int64))][None] for p in prompts]
     del table
-    fp16 = np.dtype(kv_dtype) == np.float16
+    kv_name = _KV_NAMES[np.dtype(kv_dtype)]
+    fp16 = kv_name == "fp16"
     ties = 0
     for i in range(cfg.num_layers):
         layer = source.layer(i)
+        _same_rounding(layer.attn.kv_quant, kv_name, i)
+        rounded = fp16 or layer.attn.kv_quant is not None
         with dequantized(layer):  # once per layer, not per chunk: bit-identical, faster
             for s, split in enumerate(splits):
-                graph_kv = None if stored is None or not fp16 else partial(stored, i, s)
+                graph_kv = None if stored is None or not rounded else partial(stored, i, s)
                 xs[s], n = _layer_chunks(layer, cfg, xs[s], split, fp16, graph_kv)
                 ties += n
         del layer  # let it go before the next one is loaded
@@ -275,6 +295,17 @@ def _reference(
     head = source.lm_head()
     logits = [head(h)[0].float().numpy() for h in hidden]
     return logits, [h[0].float().numpy() for h in hidden], ties
+
+
+def _same_rounding(quant: KVQuant | None, kv_name: str, i: int) -> None:
+    """The IR's layer ``i`` must round its K/V as the graph's pool stores them."""
+    ir = "fp32 (no rounding)" if quant is None else quant.dtype
+    if (quant is None and kv_name in ("fp32", "fp16")) or (quant and quant.dtype == kv_name):
+        return
+    raise ExportError(
+        f"the graph's KV pool is {kv_name} but the IR's layer {i} rounds its K/V as {ir}: "
+        "check the graph against the IR with the same kv_cache.dtype and K/V scales"
+    )
 
 
 def _layer_chunks(
@@ -289,8 +320,9 @@ def _layer_chunks(
     the output and the number of rounding ties adopted from ``graph_kv(start, end)``.
 
     Each chunk runs twice. The first run yields the chunk's K (rotated) and V, which are
-    rounded to fp16 (if ``fp16``) and appended to this layer's cache, exactly as the graph
-    rounds them before attending and the pool then holds them. The second run passes that
+    rounded to fp16 (if ``fp16``; a layer with `KVQuant` rounds them to its codes itself) and
+    appended to this layer's cache, exactly as the graph rounds them before attending and the
+    pool then holds them. The second run passes that
     cache as ``past`` and masks out the layer's own unrounded copies (appended after ``past``),
     so every query attends to rounded K/V only, its own chunk included.
     """
@@ -307,7 +339,12 @@ def _layer_chunks(
             new = (k.half().float(), v.half().float())
         if graph_kv is not None:
             stored_k, stored_v = graph_kv(start, end)
-            (k, n_k), (v, n_v) = _adopt_ties(new[0], stored_k), _adopt_ties(new[1], stored_v)
+            quant = layer.attn.kv_quant
+            if quant is None:
+                (k, n_k), (v, n_v) = _adopt_ties(new[0], stored_k), _adopt_ties(new[1], stored_v)
+            else:
+                k, n_k = _adopt_code_ties(new[0], stored_k, quant.dtype, quant.k_scale)
+                v, n_v = _adopt_code_ties(new[1], stored_v, quant.dtype, quant.v_scale)
             new, ties = (k, v), ties + n_k + n_v
         if cache is not None:
             new = (torch.cat((cache[0], new[0]), dim=2), torch.cat((cache[1], new[1]), dim=2))
@@ -332,6 +369,29 @@ def _adopt_ties(ours: torch.Tensor, stored: np.ndarray) -> tuple[torch.Tensor, i
     return out.transpose(0, 1)[None].contiguous(), int(tie.sum())
 
 
+def _adopt_code_ties(
+    ours: torch.Tensor, stored: np.ndarray, dtype: str, scale: torch.Tensor
+) -> tuple[torch.Tensor, int]:
+    """ours: [1, Hkv, T, D] values of the IR's codes (in fp32); stored: the graph's codes
+    [T, Hkv, D] (int8, or E4M3FN bytes as uint8); scale [Hkv]. Where the two codes are
+    neighbours (one step apart on the code grid, same sign), take the graph's; returns the
+    values and how many."""
+    per_head = scale.view(1, -1, 1, 1)  # [1, Hkv, 1, 1]
+    mine = quantize_kv(ours, per_head, dtype)[0].transpose(0, 1)  # [T, Hkv, D] codes
+    graph = torch.from_numpy(np.ascontiguousarray(stored))
+    if dtype == "fp8":
+        # E4M3FN bytes are sign-magnitude: within one sign, neighbouring values are
+        # neighbouring byte values.
+        graph = graph.view(torch.float8_e4m3fn)
+        a, b = mine.view(torch.uint8).to(torch.int16), graph.view(torch.uint8).to(torch.int16)
+        tie = ((a - b).abs() == 1) & ((a ^ b) & 0x80 == 0)
+    else:
+        tie = (mine.to(torch.int16) - graph.to(torch.int16)).abs() == 1
+    codes = torch.where(tie, graph, mine)
+    values = dequantize_kv(codes, scale.view(1, -1, 1))  # [T, Hkv, D]
+    return values.transpose(0, 1)[None].contiguous(), int(tie.sum())
+
+
 # --- the graph side: a throwaway paged pool ---------------------------------------------------
 
 
@@ -348,7 +408,7 @@ class _GraphRun:
         return self.cache.kv_dtype
 
     @property
-    def kv_name(self) -> str:  # "fp32" | "fp16"
+    def kv_name(self) -> str:  # "fp32" | "fp16" | "int8" | "fp8"
         return self.cache.kv_name
 
 
@@ -374,7 +434,8 @@ class _PagedCache:
         pool = spec["k_pool_0"]
         _, self.block, hkv, d = pool.shape
         if pool.type not in _KV_TYPES:
-            raise ExportError(f"k_pool_0 has type {pool.type} (expected float or float16)")
+            allowed = ", ".join(_KV_TYPES)
+            raise ExportError(f"k_pool_0 has type {pool.type} (expected one of {allowed})")
         self.kv_dtype, self.kv_name = _KV_TYPES[pool.type]
         self.session, self.num_layers = session, num_layers
         per_seq = [-(-n // self.block) for n in lengths]  # ceil
@@ -388,7 +449,7 @@ class _PagedCache:
         # Garbage (finite) in every slot: anything the mask fails to hide shows up in the logits.
         shape = (num_blocks, self.block, hkv, d)
         self.pools = {
-            f"{kind}_pool_{layer}": rng.normal(0, 3, shape).astype(self.kv_dtype)
+            f"{kind}_pool_{layer}": _garbage(rng, shape, self.kv_dtype, self.kv_name)
             for layer in range(num_layers)
             for kind in "kv"
         }
@@ -462,3 +523,16 @@ class _PagedCache:
                     new = out[f"new_{kind}_{layer}"][s, : len(chunk)]  # [n, Hkv, D]
                     self.pools[f"{kind}_pool_{layer}"][blocks, offsets] = new
         return out
+
+
+def _garbage(
+    rng: np.random.Generator, shape: tuple[int, ...], dtype: type, kv_name: str
+) -> np.ndarray:
+    """Finite garbage for every slot of a pool of ``kv_name``: N(0, 3) values, or random
+    codes (fp8: any E4M3FN byte but the two NaNs, 0x7F and 0xFF)."""
+    if kv_name == "int8":
+        return rng.integers(-128, 128, shape).astype(np.int8)
+    if kv_name == "fp8":
+        magnitude = rng.integers(0, 0x7F, shape)  # 0x00 .. 0x7E: 0 .. 448
+        return (magnitude | (rng.integers(0, 2, shape) << 7)).astype(np.uint8)
+    return rng.normal(0, 3, shape).astype(dtype)

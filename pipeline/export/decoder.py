@@ -3,12 +3,18 @@
 Graph interface (the contract with the runtime; see docs/design.md, "Graph interface"):
 
     inputs   input_ids [S, Q] int64, positions [S, Q] int64,
-             k_pool_{l}, v_pool_{l} [NB, B, Hkv, D] (kv dtype), block_tables [S, MB] int64,
+             k_pool_{l}, v_pool_{l} [NB, B, Hkv, D] (pool type), block_tables [S, MB] int64,
              context_lens [S] int64, attention_mask [S, 1, Q, MB*B + Q] bool (True = attend),
              logits_indices [N] int64 (rows of the call's S*Q tokens, s*Q + q, to compute
              logits for)
     outputs  logits [N, V] f32, hidden [N, hidden] f32 (final-norm output of those rows),
              new_k_{l}, new_v_{l} [S, Q, Hkv*D] (kv dtype; K already rotated)
+
+kv dtype fp32 / fp16: the pool holds the values. int8 / fp8 (`kv_quant.py`): the pool holds codes
+with per-head scales; the graph quantizes the new K/V (QuantizeLinear) and dequantizes what it
+attends to. An fp8 pool is typed uint8 (the E4M3FN bytes): opset 23 has no Gather or Concat
+for float8 types (BitCast is opset 26, and ONNX Runtime 1.32 has no CPU kernel for it), so the
+gathered bytes are decoded through a 256-entry table, which is DequantizeLinear's arithmetic.
 
 The graph never writes the pool: the runtime scatters new_k/new_v by slot, so rejected draft
 tokens are simply never written. The mask carries causality, context lengths, padding and any
@@ -25,10 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import ml_dtypes
+import numpy as np
 import torch
 from onnx import TensorProto, helper
 
 from ..model.config import ModelConfig
+from ..model.kv_quant import KVQuant, KVQuantLayers, KVScales
 from ..model.layer_source import LayerSource, ModelLayers
 from ..model.llama import LlamaModel
 from ..model.rope import inv_frequencies
@@ -41,12 +50,22 @@ __all__ = ["export_onnx", "OPSET", "MODEL_FILE", "DATA_FILE"]
 OPSET = 23
 IR_VERSION = 11  # the IR version that introduced opset 23; ORT 1.23+ reads it
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
-_KV_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
+# kv_cache.dtype -> (element type of the pool inputs, of the new_k / new_v outputs)
+_KV_TYPES = {
+    "fp32": (TensorProto.FLOAT, TensorProto.FLOAT),
+    "fp16": (TensorProto.FLOAT16, TensorProto.FLOAT16),
+    "int8": (TensorProto.INT8, TensorProto.INT8),
+    "fp8": (TensorProto.UINT8, TensorProto.FLOAT8E4M3FN),  # pool: E4M3FN bytes (module doc)
+}
+_ZERO_POINT = {"int8": np.int8, "fp8": ml_dtypes.float8_e4m3fn}  # QuantizeLinear's output type
 _DTYPE_NAMES = {
     TensorProto.FLOAT: "float32",
     TensorProto.FLOAT16: "float16",
     TensorProto.INT64: "int64",
     TensorProto.BOOL: "bool",
+    TensorProto.INT8: "int8",
+    TensorProto.UINT8: "uint8",
+    TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
 }
 
 
@@ -55,8 +74,9 @@ def export_onnx(
     out_dir: Path,
     *,
     max_seq_len: int,
-    kv_dtype: Literal["fp32", "fp16"] = "fp32",
+    kv_dtype: Literal["fp32", "fp16", "int8", "fp8"] = "fp32",
     kv_block_size: int = 16,
+    kv_scales: KVScales | None = None,
 ) -> dict[str, Any]:
     """Write ``out_dir/model.onnx`` + ``model.onnx.data`` and return the graph interface.
 
@@ -65,16 +85,22 @@ def export_onnx(
     the part is let go before the next is asked for, so a disk source (`IRLayers`) costs one
     layer (or the embedding, or lm_head) of memory plus the graph's proto, which holds no data.
     A `LlamaModel` is read through `ModelLayers`.
+
+    An int8 / fp8 KV cache needs ``kv_scales`` of that dtype (`calibrate_kv_scales`); they
+    become initializers of the graph and the returned interface's ``kv_scales``.
     """
     if isinstance(source, LlamaModel):
         source = ModelLayers(source)
     cfg = source.cfg
     _validate(cfg, max_seq_len, kv_dtype, kv_block_size)
+    _validate_scales(cfg, kv_dtype, kv_scales)
+    if kv_scales is not None:
+        source = KVQuantLayers(source, kv_scales)  # each layer carries its K/V rounding
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / DATA_FILE, "wb") as data, torch.no_grad():
         g = GraphBuilder(data, DATA_FILE)
-        _build(g, source, max_seq_len, _KV_TYPES[kv_dtype], kv_block_size)
+        _build(g, source, max_seq_len, kv_dtype, kv_block_size)
     graph = helper.make_graph(g.nodes, "ingot_decoder", g.inputs, g.outputs, g.initializers)
     proto = helper.make_model(
         graph,
@@ -83,7 +109,7 @@ def export_onnx(
         producer_name="ingot",
     )
     (out_dir / MODEL_FILE).write_bytes(proto.SerializeToString())
-    return {
+    info = {
         "path": MODEL_FILE,
         "opset": OPSET,
         "inputs": [_describe(v) for v in g.inputs],
@@ -94,6 +120,9 @@ def export_onnx(
         "num_kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
     }
+    if kv_scales is not None:
+        info["kv_scales"] = kv_scales.to_json()
+    return info
 
 
 def _validate(cfg: ModelConfig, max_seq_len: int, kv_dtype: str, kv_block_size: int) -> None:
@@ -116,15 +145,32 @@ def _validate(cfg: ModelConfig, max_seq_len: int, kv_dtype: str, kv_block_size: 
         raise ExportError(f"kv_cache.block_size: {kv_block_size} must be positive")
 
 
-def _build(g: GraphBuilder, src: LayerSource, max_seq_len: int, kv_type: int, bs: int) -> None:
+def _validate_scales(cfg: ModelConfig, kv_dtype: str, scales: KVScales | None) -> None:
+    if kv_dtype in _ZERO_POINT and scales is None:
+        raise ExportError(
+            f"kv_cache.dtype: {kv_dtype} needs per-head K/V scales (calibrate_kv_scales on the "
+            "calibration windows)"
+        )
+    if scales is None:
+        return
+    expected = (cfg.num_layers, cfg.num_kv_heads)
+    if scales.dtype != kv_dtype or tuple(scales.k.shape) != expected:
+        raise ExportError(
+            f"kv_cache.dtype: {kv_dtype} with {scales.dtype} scales of shape "
+            f"{tuple(scales.k.shape)} (expected {kv_dtype} scales [layers, kv heads] = {expected})"
+        )
+
+
+def _build(g: GraphBuilder, src: LayerSource, max_seq_len: int, kv_dtype: str, bs: int) -> None:
     cfg = src.cfg
     hkv, d, h = cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    pool_type, kv_type = _KV_TYPES[kv_dtype]
     ids = g.input("input_ids", TensorProto.INT64, ["S", "Q"])
     positions = g.input("positions", TensorProto.INT64, ["S", "Q"])
     pools = [
         (
-            g.input(f"k_pool_{i}", kv_type, ["NB", bs, hkv, d]),
-            g.input(f"v_pool_{i}", kv_type, ["NB", bs, hkv, d]),
+            g.input(f"k_pool_{i}", pool_type, ["NB", bs, hkv, d]),
+            g.input(f"v_pool_{i}", pool_type, ["NB", bs, hkv, d]),
         )
         for i in range(cfg.num_layers)
     ]
@@ -139,6 +185,7 @@ def _build(g: GraphBuilder, src: LayerSource, max_seq_len: int, kv_type: int, bs
         cos=g.array("rope.cos_cache", angles.cos().numpy()),  # [max_seq_len, D/2]
         sin=g.array("rope.sin_cache", angles.sin().numpy()),
         past=g.ints("shape.past", [0, -1, hkv * d]),
+        fp8_values=_fp8_values(g) if kv_dtype == "fp8" else None,
     )
 
     # One part of the model alive at a time: each is written, then let go (`del`) before the
@@ -176,6 +223,14 @@ class _Shared:
     cos: str  # [max_seq_len, D/2]
     sin: str
     past: str  # reshape target: gathered blocks -> [S, MB*B, Hkv*D]
+    fp8_values: str | None = None  # [256] float32: the value of each E4M3FN byte (fp8 pools)
+
+
+def _fp8_values(g: GraphBuilder) -> str:
+    """[256] float32, entry b = the float8 E4M3FN value of byte b (NaN at 0x7F, 0xFF: never
+    written, QuantizeLinear saturates)."""
+    table = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    return g.array("kv.fp8_values", table)
 
 
 def _layer(g, layer, i, x, positions, pool, tables, mask, c: _Shared, kv_type) -> str:
@@ -183,7 +238,7 @@ def _layer(g, layer, i, x, positions, pool, tables, mask, c: _Shared, kv_type) -
     attn, name = layer.attn, f"layers.{i}"
     hq, hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
     a = f"{name}.attn"
-    fp32_kv = kv_type == TensorProto.FLOAT
+    fp32_kv = kv_type == TensorProto.FLOAT  # a quantized pool's outputs are never float
     h = _rms_norm(g, x, layer.attn_norm, f"{name}.attn_norm")  # [S, Q, hidden]
     projections = [attn.q_proj, attn.k_proj, attn.v_proj]
     # V is a graph output as it comes (fp32 pool); K is one after RoPE.
@@ -200,6 +255,9 @@ def _layer(g, layer, i, x, positions, pool, tables, mask, c: _Shared, kv_type) -
 
     keys_values = []
     for kind, new, pool_in in (("k", k, pool[0]), ("v", v, pool[1])):
+        if attn.kv_quant is not None:
+            keys_values.append(_quantized_kv(g, attn.kv_quant, kind, d, i, new, pool_in, tables, c))
+            continue
         if not fp32_kv:
             # Round the new K/V to the pool dtype before attending, so a token sees exactly
             # what later tokens will read back from the pool: results don't depend on chunking.
@@ -231,6 +289,53 @@ def _layer(g, layer, i, x, positions, pool, tables, mask, c: _Shared, kv_type) -
     return g.op(
         "Add", [x, emit_linear(g, act, mlp.down_proj, f"{m}.down_proj")], f"{name}/mlp_residual"
     )
+
+
+def _quantized_kv(
+    g: GraphBuilder,
+    quant: KVQuant,
+    kind: str,
+    d: int,
+    i: int,
+    new: str,
+    pool: str,
+    tables: str,
+    c: _Shared,
+) -> str:
+    """One layer's K or V for `Attention` from an int8 / fp8 pool: the call's new values
+    quantized (output ``new_{kind}_{i}``, the codes the runtime stores), concatenated after the
+    gathered past codes, all dequantized: [S, MB*B + Q, Hkv*D] float32. The new tokens attend
+    to their codes too, as later calls will read them (`KVQuant` in the IR)."""
+    a, dtype = f"layers.{i}.attn", quant.dtype
+    scale = getattr(quant, f"{kind}_scale").detach().cpu()  # [Hkv]
+    # Per-head scales as per-channel ones (axis -1 of [.., Hkv*D]): blocked Q/DQ would need a
+    # scale of the input's rank, whose leading dims (S, Q) are dynamic.
+    channel_scale = g.array(f"{a}.{kind}_scale", np.repeat(scale.numpy(), d))  # [Hkv*D]
+    zero = g.array(f"{a}.{kind}_zero_point", np.zeros(scale.numel() * d, _ZERO_POINT[dtype]))
+    codes = g.op(
+        "QuantizeLinear",
+        [new, channel_scale, zero],
+        f"{a}/new_{kind}_quant",
+        out=f"new_{kind}_{i}",
+        axis=-1,
+        saturate=1,
+    )  # [S, Q, Hkv*D] int8 | float8e4m3fn
+    past = g.op("Gather", [pool, tables], f"{a}/{kind}_gather", axis=0)  # [S, MB, B, Hkv, D]
+    past = g.op("Reshape", [past, c.past], f"{a}/{kind}_past")  # [S, MB*B, Hkv*D] codes
+    if dtype == "int8":
+        full = g.op("Concat", [past, codes], f"{a}/{kind}_concat", axis=1)  # [S, KV, Hkv*D]
+        return g.op(
+            "DequantizeLinear", [full, channel_scale, zero], f"{a}/{kind}_dequant", axis=-1
+        )  # [S, KV, Hkv*D] float32
+    # fp8: the past is uint8 bytes (no float8 Gather / Concat in opset 23): byte -> its E4M3FN
+    # value by table, times the scale, which is DequantizeLinear's float(code) * scale.
+    index = g.op("Cast", [past], f"{a}/{kind}_past_index", to=TensorProto.INT32)
+    values = g.op("Gather", [c.fp8_values, index], f"{a}/{kind}_past_values", axis=0)
+    past = g.op("Mul", [values, channel_scale], f"{a}/{kind}_past_dequant")  # [S, MB*B, Hkv*D]
+    new = g.op(
+        "DequantizeLinear", [codes, channel_scale, zero], f"{a}/new_{kind}_dequant", axis=-1
+    )  # [S, Q, Hkv*D] float32
+    return g.op("Concat", [past, new], f"{a}/{kind}_concat", axis=1)  # [S, KV, Hkv*D]
 
 
 def _rms_norm(g: GraphBuilder, x: str, norm: torch.nn.Module, name: str, out: str | None = None):

@@ -20,6 +20,7 @@ prompt is chunked.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -138,7 +139,10 @@ def attach_kv_scales(model: nn.Module, scales: KVScales | None) -> nn.Module:
 
 
 class KVQuantLayers:
-    """A `LayerSource` whose decoder layers round their K/V as the pool stores them."""
+    """A `LayerSource` whose decoder layers round their K/V as the pool stores them.
+
+    The source's own layer is left as it was (a memory source hands out the model's own
+    layers): each call returns a shallow copy sharing its weights."""
 
     def __init__(self, source: LayerSource, scales: KVScales) -> None:
         if scales.num_layers != source.cfg.num_layers:
@@ -159,12 +163,23 @@ class KVQuantLayers:
         return self.source.embedding()
 
     def layer(self, i: int) -> DecoderLayer:
-        layer = self.source.layer(i)
-        layer.attn.kv_quant = self.scales.layer(i)
-        return layer
+        return _rounding(self.source.layer(i), self.scales.layer(i))
 
     def final_norm(self) -> RMSNorm:
         return self.source.final_norm()
 
     def lm_head(self) -> nn.Module:
         return self.source.lm_head()
+
+
+def _rounding(layer: DecoderLayer, quant: KVQuant) -> DecoderLayer:
+    """``layer`` with its attention rounding K/V by ``quant``: shallow copies of the layer and
+    its attention with submodule tables of their own (setting or swapping a submodule of the
+    copy never reaches the original), the same parameters and buffers."""
+    attn = copy.copy(layer.attn)
+    attn._modules = dict(attn._modules)
+    attn.kv_quant = quant
+    out = copy.copy(layer)
+    out._modules = dict(out._modules)
+    out.attn = attn
+    return out
