@@ -74,6 +74,18 @@ class Recipe(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _calibration_for_quantized_kv(self) -> Recipe:
+        # Its per-head K/V scales are measured on the calibration windows.
+        if self.kv_cache.quantized and self.calibration is None:
+            raise PydanticCustomError(
+                "calibration_missing",
+                "kv_cache.dtype: {dtype} needs calibration data for its per-head K/V scales "
+                "(add a `calibration:` section with dataset, samples, seq_len, or use fp16)",
+                {"dtype": self.kv_cache.dtype},
+            )
+        return self
+
+    @model_validator(mode="after")
     def _speculative_evaluation_fits(self) -> Recipe:
         """evaluate.speculative measures the `speculative` section, on text it can find, in
         sequences the engine holds, against a threshold it can reach."""

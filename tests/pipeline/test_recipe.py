@@ -197,7 +197,7 @@ BAD_RECIPES = [
     ),
     pytest.param(
         recipe_with("kv_cache: {dtype: int3}"),
-        ["kv_cache.dtype:", "'fp32' or 'fp16'", "got 'int3'"],
+        ["kv_cache.dtype:", "'fp32', 'fp16', 'int8' or 'fp8'", "got 'int3'"],
         id="kv-dtype-int3",
     ),
     pytest.param(
