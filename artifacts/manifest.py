@@ -31,6 +31,7 @@ __all__ = [
     "FileRef",
     "GraphInfo",
     "InteropInfo",
+    "KvScales",
     "TensorSpec",
     "Manifest",
     "ModelInfo",
@@ -118,6 +119,17 @@ class TensorSpec(_Strict):
     shape: list[int | str] = Field(description="dimensions; strings are symbolic (S, Q, NB)")
 
 
+FiniteScale = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class KvScales(_Strict):
+    """The per-head scales of an int8 / fp8 KV cache: a stored code c stands for c * scale
+    (symmetric, zero point 0); K's after RoPE. Indexed [layer][kv head]."""
+
+    k: list[list[FiniteScale]]
+    v: list[list[FiniteScale]]
+
+
 class GraphInfo(_Strict):
     """The exported graph and the interface the runtime binds to it."""
 
@@ -127,9 +139,33 @@ class GraphInfo(_Strict):
     outputs: list[TensorSpec]
     num_layers: Positive
     kv_block_size: Positive
-    kv_dtype: Literal["fp32", "fp16"]
+    kv_dtype: Literal["fp32", "fp16", "int8", "fp8"] = Field(
+        description="what the KV pool holds: values (fp32, fp16) or 8-bit codes (int8, fp8 "
+        "E4M3FN, whose pool inputs are typed uint8: the codes' bytes)"
+    )
     num_kv_heads: Positive
     head_dim: Positive
+    kv_scales: KvScales | None = Field(
+        None, description="present iff kv_dtype is int8 or fp8 (calibrated per head)"
+    )
+
+    @model_validator(mode="after")
+    def _scales_fit(self) -> GraphInfo:
+        quantized = self.kv_dtype in ("int8", "fp8")
+        if quantized != (self.kv_scales is not None):
+            what = "needs kv_scales" if quantized else "has no use for kv_scales"
+            raise ValueError(f"graph.kv_dtype {self.kv_dtype} {what}")
+        if self.kv_scales is None:
+            return self
+        for name in ("k", "v"):
+            rows = getattr(self.kv_scales, name)
+            shape = (len(rows), *sorted({len(r) for r in rows}))
+            if shape != (self.num_layers, self.num_kv_heads):
+                raise ValueError(
+                    f"graph.kv_scales.{name}: shape {shape} is not [num_layers, num_kv_heads] "
+                    f"= {(self.num_layers, self.num_kv_heads)}"
+                )
+        return self
 
 
 class InteropInfo(_Strict):

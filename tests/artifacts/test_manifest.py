@@ -142,13 +142,13 @@ def test_write_refuses_bad_fields(root: Path, change: dict[str, Any], expected: 
 
 def test_write_refuses_bad_nested_fields(root: Path) -> None:
     bad = fields()
-    bad["graph"]["kv_dtype"] = "int8"
+    bad["graph"]["kv_dtype"] = "int4"
     bad["model"]["vocab_size"] = "32"  # strict: no silent str -> int coercion
     with pytest.raises(ArtifactError) as exc:
         write_manifest(root, bad)
     assert exc.value.problems == [
         "model.vocab_size: Input should be a valid integer (got '32')",
-        "graph.kv_dtype: Input should be 'fp32' or 'fp16' (got 'int8')",
+        "graph.kv_dtype: Input should be 'fp32', 'fp16', 'int8' or 'fp8' (got 'int4')",
     ]
 
 
@@ -275,3 +275,64 @@ def test_sha256_file_matches_hashlib_across_chunk_boundaries(tmp_path: Path, siz
     (tmp_path / "blob").write_bytes(data)
     assert sha256_file(tmp_path / "blob") == hashlib.sha256(data).hexdigest()
     assert sha256_bytes(data) == hashlib.sha256(data).hexdigest()
+
+
+# -- an int8 / fp8 KV cache's scales ----------------------------------------------------------
+
+# float32 values (what the export writes): exact in JSON, exact again when read
+KV_SCALES = {"k": [[0.0314759686589241]], "v": [[0.02907527424395084]]}
+
+
+def _kv_quantized(kv_dtype: str = "int8", scales: Any = KV_SCALES) -> dict[str, Any]:
+    manifest = fields()
+    manifest["graph"]["kv_dtype"] = kv_dtype
+    if scales is not None:
+        manifest["graph"]["kv_scales"] = scales
+    return manifest
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+def test_kv_scales_round_trip(root: Path, kv_dtype: str) -> None:
+    write_manifest(root, _kv_quantized(kv_dtype))
+    graph = read_manifest(root).graph
+    assert graph.kv_dtype == kv_dtype
+    assert graph.kv_scales.k == KV_SCALES["k"] and graph.kv_scales.v == KV_SCALES["v"]
+    written = json.loads((root / "manifest.json").read_text())["graph"]
+    assert written["kv_scales"] == KV_SCALES
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "fp16"])
+def test_float_kv_pools_have_no_scales_and_read_as_before(root: Path, kv_dtype: str) -> None:
+    manifest = fields()
+    manifest["graph"]["kv_dtype"] = kv_dtype
+    write_manifest(root, manifest)
+    assert read_manifest(root).graph.kv_scales is None
+    # As builds before quantized KV caches wrote it: no kv_scales key at all.
+    data = json.loads((root / "manifest.json").read_text())
+    del data["graph"]["kv_scales"]
+    _rewrite(root, json.dumps(data))
+    assert read_manifest(root).graph.kv_dtype == kv_dtype
+
+
+@pytest.mark.parametrize(
+    ("manifest", "expected"),
+    [
+        (_kv_quantized("int8", None), "graph.kv_dtype int8 needs kv_scales"),
+        (_kv_quantized("fp16"), "graph.kv_dtype fp16 has no use for kv_scales"),
+        (
+            _kv_quantized("fp8", {"k": [[0.5, 0.5]], "v": [[0.5]]}),
+            "graph.kv_scales.k: shape (1, 2) is not [num_layers, num_kv_heads] = (1, 1)",
+        ),
+        (
+            _kv_quantized("int8", {"k": [[0.5]], "v": [[0.5], [0.5]]}),
+            "graph.kv_scales.v: shape (2, 1) is not",
+        ),
+        (_kv_quantized("int8", {"k": [[0.0]], "v": [[0.5]]}), "greater than 0"),
+        (_kv_quantized("int8", {"k": [[float("nan")]], "v": [[0.5]]}), "finite number"),
+    ],
+)
+def test_refuses_kv_scales_that_do_not_fit(root: Path, manifest: dict, expected: str) -> None:
+    with pytest.raises(ArtifactError) as exc:
+        write_manifest(root, manifest)
+    assert expected in str(exc.value)
+    assert not (root / "manifest.json").exists()
