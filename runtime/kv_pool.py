@@ -29,13 +29,17 @@ __all__ = [
     "slots_of",
 ]
 
-_KV_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+# The pool holds what the graph's k_pool_{l} inputs take: values (fp32, fp16) or 8-bit codes
+# (int8; fp8 as its E4M3FN bytes: numpy has no float8 type and the runtime never does
+# arithmetic on them, it only copies what the graph's new_k / new_v outputs hold).
+_KV_DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8, "fp8": np.uint8}
 
 
 def kv_numpy_dtype(kv_dtype: str) -> np.dtype:
-    """The numpy dtype of a manifest `graph.kv_dtype` ("fp32" | "fp16")."""
+    """The numpy dtype of a manifest `graph.kv_dtype` ("fp32" | "fp16" | "int8" | "fp8")."""
     if kv_dtype not in _KV_DTYPES:
-        raise ValueError(f"kv_dtype {kv_dtype!r} is not supported (supported: fp32, fp16)")
+        supported = ", ".join(_KV_DTYPES)
+        raise ValueError(f"kv_dtype {kv_dtype!r} is not supported (supported: {supported})")
     return np.dtype(_KV_DTYPES[kv_dtype])
 
 

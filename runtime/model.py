@@ -111,9 +111,10 @@ class LoadedModel:
             draft_bytes_per_block(manifest, speculative),
         )
         tokens = pool.num_blocks * pool.block_size
+        max_seq_len = manifest.model.max_seq_len
         log.info(
             "KV cache: %d blocks of %d tokens = %d tokens (%s, %d bytes/token, %s); %s; "
-            "prefix caching %s",
+            "prefix caching %s; room for %d sequences of max_seq_len %d",
             pool.num_blocks,
             pool.block_size,
             tokens,
@@ -122,6 +123,8 @@ class LoadedModel:
             manifest.graph.kv_dtype,
             sized,
             "on" if enable_prefix_caching else "off",
+            pool.num_blocks // -(-max_seq_len // pool.block_size),
+            max_seq_len,
         )
         tokenizer = TextTokenizer.from_artifact(root, manifest.tokenizer, chat_template)
         session = EngineSession(

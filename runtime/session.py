@@ -27,8 +27,22 @@ _STEP_INPUTS = (
     "attention_mask",
     "logits_indices",
 )
-_ORT_TYPES = {np.dtype(np.float32): "tensor(float)", np.dtype(np.float16): "tensor(float16)"}
-_NUMPY_TYPES = {name: dtype.type for dtype, name in _ORT_TYPES.items()}
+# The pool's numpy dtype -> the pool inputs' ORT type (an fp8 pool is E4M3FN bytes: uint8).
+_ORT_TYPES = {
+    np.dtype(np.float32): "tensor(float)",
+    np.dtype(np.float16): "tensor(float16)",
+    np.dtype(np.int8): "tensor(int8)",
+    np.dtype(np.uint8): "tensor(uint8)",
+}
+_FLOAT8E4M3FN = 17  # onnx.TensorProto.FLOAT8E4M3FN (the runtime does not import onnx)
+# An output's ORT type -> (numpy dtype of the buffer it is written into, the element type it is
+# bound with). numpy has no float8: fp8 K/V land in uint8 buffers, bound with the ONNX type.
+_OUTPUT_TYPES = {
+    "tensor(float)": (np.float32, np.float32),
+    "tensor(float16)": (np.float16, np.float16),
+    "tensor(int8)": (np.int8, np.int8),
+    "tensor(float8e4m3fn)": (np.uint8, _FLOAT8E4M3FN),
+}
 
 
 class SessionError(RuntimeError):
@@ -137,9 +151,9 @@ class _OutputBuffers:
         for name in names:
             dims = list(meta[name].shape)
             unknown = [d for d in dims if not isinstance(d, int) and d not in ("S", "Q", "N")]
-            if unknown or meta[name].type not in _NUMPY_TYPES:
+            if unknown or meta[name].type not in _OUTPUT_TYPES:
                 raise SessionError(f"output {name!r} is {meta[name].type} {dims}: not bindable")
-            self._specs.append((name, _NUMPY_TYPES[meta[name].type], dims))
+            self._specs.append((name, *_OUTPUT_TYPES[meta[name].type], dims))
         self._key: tuple[int, ...] | None = None
         self._arrays: list[np.ndarray] = []
 
@@ -148,10 +162,10 @@ class _OutputBuffers:
         if key != self._key:
             binding.clear_binding_outputs()
             self._arrays = []
-            for name, dtype, shape in self._specs:
+            for name, dtype, element_type, shape in self._specs:
                 concrete = [dims[d] if isinstance(d, str) else d for d in shape]
                 array = np.empty(concrete, dtype)
-                binding.bind_output(name, "cpu", 0, dtype, concrete, array.ctypes.data)
+                binding.bind_output(name, "cpu", 0, element_type, concrete, array.ctypes.data)
                 self._arrays.append(array)
             self._key = key
         return self._arrays

@@ -92,8 +92,30 @@ def test_pool_sizing_from_budget():
 
 def test_kv_dtype_names():
     assert kv_numpy_dtype("fp16") == np.float16 and kv_numpy_dtype("fp32") == np.float32
-    with pytest.raises(ValueError, match="int8"):
-        kv_numpy_dtype("int8")
+    # 8-bit codes; fp8 as its E4M3FN bytes (numpy has no float8, the runtime only copies them)
+    assert kv_numpy_dtype("int8") == np.int8 and kv_numpy_dtype("fp8") == np.uint8
+    with pytest.raises(ValueError, match="'int4'.*supported: fp32, fp16, int8, fp8"):
+        kv_numpy_dtype("int4")
+
+
+@pytest.mark.parametrize(("kv", "itemsize"), [("fp32", 4), ("fp16", 2), ("int8", 1), ("fp8", 1)])
+def test_quantized_pool_bytes_per_block(kv, itemsize):
+    # 2 layers x 16 tokens x 2 heads x 8 dims, K and V: an 8-bit pool is half an fp16 one
+    dtype = kv_numpy_dtype(kv)
+    per_block = KVPool.bytes_per_block(2, 16, 2, 8, dtype)
+    assert per_block == 2 * 2 * 16 * 2 * 8 * itemsize
+    pool = KVPool.from_budget(10 * per_block, 2, 16, 2, 8, dtype)
+    assert pool.num_blocks == 10 and pool.dtype == dtype and pool.nbytes == 10 * per_block
+    assert all(a.dtype == dtype and not a.any() for a in pool.k + pool.v)  # zero codes: 0.0
+
+
+def test_quantized_pool_stores_codes_as_given():
+    # The graph's new K/V are already codes: the pool copies them, bit for bit.
+    pool = KVPool(1, 2, 4, 2, 8, np.uint8)
+    codes = np.arange(3 * 16, dtype=np.uint8).reshape(3, 16)  # [n, Hkv*D] E4M3FN bytes
+    pool.write(np.array([1, 5, 6]), 0, codes, codes[::-1].copy())
+    assert (pool.k[0].reshape(8, 16)[[1, 5, 6]] == codes).all()
+    assert (pool.v[0].reshape(8, 16)[[1, 5, 6]] == codes[::-1]).all()
 
 
 _ops = st.lists(st.tuples(st.sampled_from(["allocate", "free", "incref"]), st.integers(0, 63)))
