@@ -64,6 +64,16 @@ some wrong graphs do: no bound separates the two by 10x. "int8_activations" is 0
 worst, random N(0, 0.15) weights 1024 wide; ~10x the 1B shape): it catches gross errors (a
 dropped key RoPE, unrotated keys in the pool, NaN); subtle ones need an "exact" check of the
 same graph (a session at accuracy level 0).
+
+Linears that quantize their own inputs (W8A8, FP8: `model/input_quant.py`) are computed by the
+graph with the IR's very operations, exactly for the same input; but where fp32 noise upstream
+(attention, norms) moves an activation across a rounding boundary the two sides pick
+neighbouring codes, and one code step of an int8 / FP8 activation is far coarser than fp32
+noise. Measured on the demo model (pydoc-tiny; the w8a8, fp8 and mixed recipes): up to 4.0e-3
+(logits or hidden); random fixtures stay below 1e-6 (their activations seldom land on a
+boundary in 40 tokens). Where the IR has such linears the tolerance is therefore at least
+`QUANTIZED_INPUTS_RTOL` = 0.03 (~8x the worst measured, ~9x below the smallest wrong graph);
+the report says so (``quantized_inputs``).
 """
 
 from __future__ import annotations
@@ -91,6 +101,7 @@ Accuracy = Literal["exact", "int8_activations"]
 # Relative tolerances, max|graph - IR| / max|IR|, from measurements (module docstring): fp32
 # activations, fp32 or fp16 KV: largest 1.7e-5 -> 2e-4; int8 activations: largest 0.15 -> 0.5.
 RTOL: dict[str, float] = {"exact": 2e-4, "int8_activations": 0.5}
+QUANTIZED_INPUTS_RTOL = 0.03  # at least this where the IR quantizes linears' inputs (docstring)
 
 _ACCURACY_LEVEL = {"exact": "0", "int8_activations": "4"}  # session.qdq_matmulnbits_accuracy_level
 _ACCURACY_KEY = "session.qdq_matmulnbits_accuracy_level"
@@ -174,16 +185,20 @@ def check_graph(
     if num_tokens < 4:
         raise ValueError("check_graph needs num_tokens >= 4 (two sequences, two chunks each)")
     _refuse_int8_session_as_exact(session, accuracy)
-    rtol = RTOL[accuracy] if rtol is None else rtol
     run = _run_graph(session, source.cfg, num_tokens, seed)
-    ref_logits, ref_hidden, ties = _reference(
+    ref_logits, ref_hidden, ties, quantized_inputs = _reference(
         source, run.prompts, run.splits, run.kv_dtype, run.cache.stored
     )
+    if rtol is None:
+        rtol = RTOL[accuracy]
+        if quantized_inputs:
+            rtol = max(rtol, QUANTIZED_INPUTS_RTOL)
 
     report = _compare(run.logits, run.hidden, ref_logits, ref_hidden, rtol)
     report["kv_dtype"] = run.kv_name
     report["kv_rounding_ties"] = ties
     report["accuracy"] = accuracy
+    report["quantized_inputs"] = quantized_inputs
     ok = (
         report["max_rel_logit_diff"] <= rtol  # `<=` is False for NaN
         and report["max_rel_hidden_diff"] <= rtol
@@ -266,21 +281,22 @@ def _reference(
     splits: list[int],
     kv_dtype: type = np.float32,
     stored: StoredKV | None = None,
-) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+) -> tuple[list[np.ndarray], list[np.ndarray], int, bool]:
     """The IR's logits [n, V] and hidden [n, hidden] for each prompt, prefilled in two chunks
     (``prompts[s][:splits[s]]`` then the rest) with K/V rounded to ``kv_dtype`` (the pool's
     numpy dtype; uint8: fp8 codes) as the pool stores them, adopting the graph's ``stored``
-    values at rounding ties; and the number of ties adopted. Layer-major: holds one decoder
-    layer at a time."""
+    values at rounding ties; the number of ties adopted; whether any linear quantizes its
+    inputs. Layer-major: holds one decoder layer at a time."""
     cfg = source.cfg
     table = source.embedding()
     xs = [table[torch.from_numpy(np.asarray(p, dtype=np.int64))][None] for p in prompts]
     del table
     kv_name = _KV_NAMES[np.dtype(kv_dtype)]
     fp16 = kv_name == "fp16"
-    ties = 0
+    ties, quantized_inputs = 0, False
     for i in range(cfg.num_layers):
         layer = source.layer(i)
+        quantized_inputs = quantized_inputs or _quantizes_inputs(layer)
         _same_rounding(layer.attn.kv_quant, kv_name, i)
         rounded = fp16 or layer.attn.kv_quant is not None
         with dequantized(layer):  # once per layer, not per chunk: bit-identical, faster
@@ -293,8 +309,13 @@ def _reference(
     hidden = [norm(x) for x in xs]
     del norm, xs
     head = source.lm_head()
+    quantized_inputs = quantized_inputs or _quantizes_inputs(head)
     logits = [head(h)[0].float().numpy() for h in hidden]
-    return logits, [h[0].float().numpy() for h in hidden], ties
+    return logits, [h[0].float().numpy() for h in hidden], ties, quantized_inputs
+
+
+def _quantizes_inputs(module: torch.nn.Module) -> bool:
+    return any(getattr(m, "input_quant", None) is not None for m in module.modules())
 
 
 def _same_rounding(quant: KVQuant | None, kv_name: str, i: int) -> None:

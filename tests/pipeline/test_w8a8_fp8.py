@@ -15,7 +15,8 @@ from torch import nn
 
 from ingot.calibration.dataset import CalibrationSet
 from ingot.pipeline.engines.onnxruntime import build_onnxruntime_engine
-from ingot.pipeline.export import check_export, export_onnx
+from ingot.pipeline.export import ExportError, check_export, export_onnx
+from ingot.pipeline.export.check import QUANTIZED_INPUTS_RTOL, RTOL
 from ingot.pipeline.model.architecture import scaling_groups
 from ingot.pipeline.model.input_quant import InputQuant
 from ingot.pipeline.model.layers import RMSNorm
@@ -147,14 +148,28 @@ def test_scheme_exports_a_graph_the_ir_check_passes_exactly(
     quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     assert len(quantized) == summary["modules"] > 0
     export_onnx(model, tmp_path, max_seq_len=64, kv_block_size=8)
-    report = check_export(model, tmp_path / "model.onnx")  # "exact": 2e-4 of the logit scale
-    assert report["max_rel_logit_diff"] < 1e-5
+    report = check_export(model, tmp_path / "model.onnx")
+    assert report["max_rel_logit_diff"] < 1e-5  # the same roundings, operator for operator
+    quantizes_inputs = SCHEMES[scheme].get("activations") != "none"
+    assert report["quantized_inputs"] == quantizes_inputs
+    assert report["rtol"] == (QUANTIZED_INPUTS_RTOL if quantizes_inputs else RTOL["exact"])
 
     # The checkpoint keeps codes, scales and input schemes: same logits after a round trip.
     save_ir(model, tmp_path)
     ids = torch.randint(0, 320, (1, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.equal(load_ir(tmp_path)(ids)[0], model(ids)[0])
+
+
+def test_the_check_still_catches_a_wrong_w8a8_graph(tmp_path, checkpoint, calibration):
+    model = load_model(checkpoint)
+    quantize_model(model, [quantize_entry(SCHEMES["w8a8-dynamic-gptq"])], calibration)
+    export_onnx(model, tmp_path, max_seq_len=64, kv_block_size=8)
+    o_proj = model.layers[0].attn.o_proj
+    with torch.no_grad():  # the IR now disagrees with the graph by one layer's output scale
+        o_proj.scales.mul_(1.5)
+    with pytest.raises(ExportError, match="disagrees with the IR"):
+        check_export(model, tmp_path / "model.onnx")
 
 
 # What the optimized engine runs for each scheme (ORT 1.32, level "all"): int8 inputs on
