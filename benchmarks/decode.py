@@ -46,7 +46,6 @@ Measured, per model (pydoc-16m, trained; the Llama-3.2-1B shape with random weig
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -69,7 +68,7 @@ from decode_peers import (  # noqa: E402
 )
 from decode_report import write_reports  # noqa: E402
 from graph_stats import artifact_graphs  # noqa: E402
-from machine import LoadWatch, machine_info, measure_bandwidth  # noqa: E402
+from machine import LoadWatch, machine_info, measure_bandwidth, wait_idle  # noqa: E402
 from ort_artifacts import (  # noqa: E402
     KV_BLOCK_SIZE,
     MATMUL_ACCURACY_LEVEL,
@@ -105,7 +104,7 @@ QUICK = dict(tokens=16, batch=4, runs=1, prefill_prompts=8, prefill_len=64)
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     watch = LoadWatch(args.threads)
-    idle_wait_s = _wait_idle(args.wait_idle)
+    idle_wait_s = wait_idle(args.wait_idle, _log)
     started = time.perf_counter()
     for path in prune_stale_caches():
         _log(f"removed {path} (built by other ingot code)")
@@ -473,15 +472,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         setattr(args, name, values)
     args.prefill_models = args.prefill_models.split(",")
     return args
-
-
-def _wait_idle(limit_s: float) -> float:
-    """Wait (up to limit_s) until other work leaves the CPU: the engines need every core."""
-    started = time.perf_counter()
-    while time.perf_counter() - started < limit_s and os.getloadavg()[0] >= 1.0:
-        _log(f"waiting for an idle host (1-min load {os.getloadavg()[0]:.1f})")
-        time.sleep(30)
-    return time.perf_counter() - started
 
 
 def _log(message: str) -> None:

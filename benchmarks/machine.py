@@ -6,13 +6,14 @@ import datetime
 import os
 import platform
 import time
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["LoadWatch", "machine_info", "measure_bandwidth", "memory_status"]
+__all__ = ["LoadWatch", "machine_info", "measure_bandwidth", "memory_status", "wait_idle"]
 
 _LIBRARIES = ("numpy", "torch", "onnxruntime", "onnx", "transformers", "tokenizers", "ingot")
 _BANDWIDTH_BYTES = 1 << 30  # 1 GiB: far larger than any cache, so every pass streams from DRAM
@@ -151,3 +152,13 @@ def _version(name: str) -> str | None:
         return version(name)
     except PackageNotFoundError:
         return None
+
+
+def wait_idle(limit_s: float, log: Callable[[str], None], poll_s: float = 30) -> float:
+    """Wait (up to limit_s, polling every poll_s) until other work leaves the CPU (the 1-min
+    load drops below 1): the engines need every core. Returns the seconds waited."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < limit_s and os.getloadavg()[0] >= 1.0:
+        log(f"waiting for an idle host (1-min load {os.getloadavg()[0]:.2f})")
+        time.sleep(poll_s)
+    return time.perf_counter() - started

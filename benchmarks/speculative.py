@@ -77,7 +77,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # sibling helper modules; benchmarks/ is not a package
 
-from machine import LoadWatch, machine_info, memory_status  # noqa: E402
+from machine import LoadWatch, machine_info, memory_status, wait_idle  # noqa: E402
 from paths import REPO, data_dir, models_dir, write_report_files  # noqa: E402
 
 DEFAULT_THREADS = 2  # what the committed results ran with (a 2-core host)
@@ -132,7 +132,7 @@ QUICK = dict(tokens=32, prompts=4, runs=1, concurrency=[4, 16], peer_prompts=2)
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    idle_wait_s = _wait_idle(args.wait_idle)
+    idle_wait_s = wait_idle(args.wait_idle, _log, poll_s=60)
     watch = LoadWatch(args.threads)
     started = time.perf_counter()
     machine = machine_info() | {"waited_for_idle_s": idle_wait_s, "code": _code_state()}
@@ -1333,15 +1333,6 @@ def _code_state() -> dict[str, Any]:
 
     changed = git("status", "--porcelain", "--", "runtime", "pipeline", "artifacts", "ingot")
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed)}
-
-
-def _wait_idle(limit_s: float) -> float:
-    """Wait (up to limit_s, polling every minute) until the 1-min load drops below 1."""
-    started = time.perf_counter()
-    while time.perf_counter() - started < limit_s and os.getloadavg()[0] >= 1.0:
-        _log(f"waiting for an idle host (1-min load {os.getloadavg()[0]:.2f})")
-        time.sleep(60)
-    return time.perf_counter() - started
 
 
 def _log(message: str) -> None:
