@@ -34,6 +34,7 @@ from .manifest_fields import (
 from .model.config import ModelConfig
 from .plan import plan_build
 from .preflight import check_recipe_against_model
+from .quantize.layerwise import needs_calibration
 from .recipe import Quantize, Recipe, RecipeError, load_recipe
 from .resources import calibration_device, check_resources, require_resources
 from .source import ResolvedSource, resolve_source
@@ -249,12 +250,20 @@ class _Model:
 def _compile(stage, recipe: Recipe, model: _Model) -> Compiled:
     """[calibrate ->] quantize -> export -> engine per target, for one model, with the recipe's
     kv_cache, export and targets (a draft's block size must be the target's)."""
-    q_dir, q_digest = _quantize(stage, model)
+    calibrated = _calibrate(stage, model)
+    q_dir, q_digest = _quantize(stage, model, calibrated)
+    export_slice, export_inputs, c_dir = recipe.stage_slice("export"), {"quantize": q_digest}, None
+    if recipe.kv_cache.quantized:
+        # The K/V scales are calibrated on the windows in this stage: they key it too.
+        c_dir, c_digest = calibrated
+        export_slice = {**export_slice, "calibration": model.calibration.key_slice}
+        export_inputs |= {"dataset": model.calibration.calibration.dataset_digest}
+        export_inputs |= {"calibrate": c_digest}
     x_dir, x_digest = stage(
         f"{model.prefix}export",
-        recipe.stage_slice("export"),
-        {"quantize": q_digest},
-        lambda tmp: run_export(q_dir, recipe.export, recipe.kv_cache, tmp),
+        export_slice,
+        export_inputs,
+        lambda tmp: run_export(q_dir, recipe.export, recipe.kv_cache, tmp, calibration_dir=c_dir),
     )
     compiled = Compiled(q_dir, q_digest, x_dir)
     for target in recipe.targets:
@@ -272,22 +281,31 @@ def _compile(stage, recipe: Recipe, model: _Model) -> Compiled:
     return compiled
 
 
-def _quantize(stage, model: _Model) -> tuple[Path, str]:
-    """The quantize stage, after a calibrate stage when a GPTQ / AWQ entry needs one."""
+def _calibrate(stage, model: _Model) -> tuple[Path, str] | None:
+    """The calibrate stage, when a GPTQ / AWQ entry or an int8 / fp8 KV cache needs the
+    windows (`prepare_calibration` prepared them); None otherwise."""
+    calibration = model.calibration
+    if calibration is None:
+        return None
+    data = {"source": model.source_digest, "dataset": calibration.calibration.dataset_digest}
+    return stage(f"{model.prefix}calibrate", calibration.key_slice, data, calibration.save)
+
+
+def _quantize(stage, model: _Model, calibrated: tuple[Path, str] | None) -> tuple[Path, str]:
+    """The quantize stage, on the calibrate stage's windows when a GPTQ / AWQ entry needs them
+    (an RTN recipe's key holds no calibration, even when its KV cache's scales need one)."""
     entries, calibration, source_path = model.quantize, model.calibration, model.source
     # The slice is the entries' JSON (what Recipe.stage_slice("quantize") gives the target)
     quantize_slice = {"quantize": [entry.model_dump(mode="json") for entry in entries]}
-    if calibration is None:
+    if not needs_calibration(entries):
         return stage(
             f"{model.prefix}quantize",
             quantize_slice,
             {"source": model.source_digest},
             lambda tmp: run_quantize(source_path, entries, tmp),
         )
+    c_dir, c_digest = calibrated
     data = {"source": model.source_digest, "dataset": calibration.calibration.dataset_digest}
-    c_dir, c_digest = stage(
-        f"{model.prefix}calibrate", calibration.key_slice, data, calibration.save
-    )
     return stage(
         f"{model.prefix}quantize",
         {**quantize_slice, "calibration": calibration.key_slice},

@@ -19,7 +19,8 @@ import numpy as np
 
 __all__ = ["engine_perplexity", "engine_pool_layout"]
 
-_KV_TYPES = {1: np.float32, 10: np.float16}  # onnx.TensorProto.FLOAT, FLOAT16
+# onnx.TensorProto FLOAT, FLOAT16, INT8, UINT8 (an fp8 pool: E4M3FN bytes) -> the pool's dtype
+_KV_TYPES = {1: np.float32, 10: np.float16, 3: np.int8, 2: np.uint8}
 _ROWS_PER_CHUNK = 64  # rows of logits converted to float64 at a time (large vocabularies)
 
 
@@ -35,7 +36,9 @@ def engine_pool_layout(engine_file: Path) -> dict[str, Any]:
     tensor = pools["k_pool_0"].type.tensor_type
     _, block, heads, dim = (d.dim_value for d in tensor.shape.dim)
     if tensor.elem_type not in _KV_TYPES or min(block, heads, dim) < 1:
-        raise ValueError(f"{engine_file}: k_pool_0 is not [NB, B, Hkv, D] float / float16")
+        raise ValueError(
+            f"{engine_file}: k_pool_0 is not [NB, B, Hkv, D] float, float16, int8 or uint8"
+        )
     return {
         "num_layers": len(pools) // 2,
         "block_size": block,

@@ -1,4 +1,5 @@
-"""Stage: calibration data -> the token windows GPTQ / AWQ run through the model.
+"""Stage: calibration data -> the token windows GPTQ / AWQ (and the scales of an int8 / fp8
+KV cache, in the export stage) run through the model.
 
 The data is read, tokenized and sampled while the build validates (seconds, before any model
 work), so a missing, unreadable or too-small dataset fails first; the stage then only stores
@@ -124,9 +125,11 @@ def prepare_calibration(
 ) -> PreparedCalibration | None:
     """The recipe's calibration windows, tokenized by the checkpoint at `source_path` (of
     config `cfg`), and its device resolved on this host; None when no entry of `entries` (the
-    recipe's `quantize` by default; a draft model's list) needs them (RTN ignores the whole
-    section, device included)."""
-    if not needs_calibration(recipe.quantize if entries is None else entries):
+    recipe's `quantize` by default; a draft model's list) needs them and the KV cache is not
+    int8 / fp8, whose scales are calibrated on them (RTN ignores the whole section, device
+    included)."""
+    entries = recipe.quantize if entries is None else entries
+    if not needs_calibration(entries) and not recipe.kv_cache.quantized:
         return None
     settings = DeviceSettings(
         resolve_device(recipe.calibration.device, file=str(recipe_path)),

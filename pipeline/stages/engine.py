@@ -2,8 +2,9 @@
 
 ONNX Runtime optimizes the exported graph and writes the engine; the written engine is then
 opened as the runtime opens it and checked (`check_graph`) against the quantize stage's IR,
-read one layer at a time (`IRLayers`). What is checked is the engine that ships: its files,
-its fusions, its MatMulNBits accuracy level, the runtime's kernels.
+read one layer at a time (`IRLayers`; with an int8 / fp8 KV cache its layers round their K/V
+with the export stage's scales: `rounding_as_exported`). What is checked is the engine that
+ships: its files, its fusions, its MatMulNBits accuracy level, the runtime's kernels.
 
 At `matmul_accuracy_level: 4` (int8 activations) that check can only be loose (0.5 of the
 logit scale: it catches gross errors, not one layer's swapped heads), so first the same
@@ -32,6 +33,7 @@ from ..export.check import check_graph, session_options
 from ..export.errors import ExportError
 from ..quantize.ir_layers import IRLayers
 from ..recipe.targets import Target
+from .export import rounding_as_exported
 
 __all__ = ["run_engine", "engine_name", "check_accuracy", "ENGINE_RECORD", "CHECK_REPORT"]
 
@@ -56,7 +58,7 @@ def run_engine(export_dir: Path, ir_dir: Path, target: Target, out: Path) -> Non
         raise ValueError(f"targets: engine {target.engine!r} has no builder")
     exact = None
     if check_accuracy(target) != "exact":
-        exact = _exact_check(export_dir / "model.onnx", ir_dir, target)
+        exact = _exact_check(export_dir, ir_dir, target)
     record = build_onnxruntime_engine(
         export_dir / "model.onnx",
         out,
@@ -66,7 +68,8 @@ def run_engine(export_dir: Path, ir_dir: Path, target: Target, out: Path) -> Non
     )
     session = load_onnxruntime_engine(out / Path(record["path"]).name, record["session_options"])
     try:
-        check = check_graph(IRLayers(ir_dir), session, accuracy=check_accuracy(target))
+        reference = rounding_as_exported(IRLayers(ir_dir), export_dir)
+        check = check_graph(reference, session, accuracy=check_accuracy(target))
     finally:
         del session  # the weights go before anything else is written
         gc.collect()
@@ -76,7 +79,7 @@ def run_engine(export_dir: Path, ir_dir: Path, target: Target, out: Path) -> Non
     _write_json(out / CHECK_REPORT, check)
 
 
-def _exact_check(onnx_path: Path, ir_dir: Path, target: Target) -> dict[str, Any]:
+def _exact_check(export_dir: Path, ir_dir: Path, target: Target) -> dict[str, Any]:
     """`check_graph` "exact" on the exported graph optimized in memory as the target optimizes
     it, but with MatMulNBits at accuracy level 0 (fp32 activations); nothing is written."""
     import onnxruntime as ort
@@ -85,9 +88,11 @@ def _exact_check(onnx_path: Path, ir_dir: Path, target: Target) -> dict[str, Any
     options.graph_optimization_level = ort_optimization_level(target.optimization_level)
     options.intra_op_num_threads = target.intra_op_num_threads
     options.log_severity_level = 3  # level "all" warns that its graph is host specific
+    onnx_path = export_dir / "model.onnx"
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     try:
-        return check_graph(IRLayers(ir_dir), session, accuracy="exact")
+        reference = rounding_as_exported(IRLayers(ir_dir), export_dir)
+        return check_graph(reference, session, accuracy="exact")
     except ExportError as e:
         raise ExportError(
             f"engine {engine_name(target)}: the exact check (the graph at MatMulNBits accuracy "
