@@ -83,7 +83,9 @@ def register(main: click.Group) -> None:
 
 
 def _model_line(model: dict) -> str:
+    kv = model["kv_cache"]
     return (
         f"{model['architecture']}, {model['layers']} layers, hidden {model['hidden_size']}, "
-        f"{model['params'] / 1e6:.1f} M params"
+        f"{model['params'] / 1e6:.1f} M params, KV cache {kv['dtype']} "
+        f"{kv['bytes_per_token']} bytes/token"
     )

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
+
 from .model.architecture import LAYER_LINEARS, linear_shape
 from .model.config import ConfigError, ModelConfig
 from .recipe import Quantize, Recipe, RecipeError
@@ -123,7 +125,7 @@ def plan_build(
     cfg = ModelConfig.from_hf(hf_config)
     shapes = _Shapes(cfg)
     weights = _weights_on_disk(shapes, source_dir)
-    plan = Plan(_model_summary(shapes, weights))
+    plan = Plan(_model_summary(shapes, weights, recipe.kv_cache.dtype))
     model = _model_stages(recipe, recipe_path, shapes, recipe.quantize, weights)
     plan.stages += model.stages
     evaluation = _evaluate(shapes, recipe)
@@ -156,14 +158,24 @@ def _weights_on_disk(shapes: _Shapes, source_dir: Path | None) -> int:
     return shapes.params * 2  # not downloaded yet: bf16 / fp16 weights assumed
 
 
-def _model_summary(shapes: _Shapes, weights: int) -> dict[str, Any]:
+def _model_summary(shapes: _Shapes, weights: int, kv_dtype: str) -> dict[str, Any]:
     return {
         "architecture": shapes.cfg.architecture,
         "layers": shapes.cfg.num_layers,
         "hidden_size": shapes.cfg.hidden_size,
         "params": shapes.params,
         "weights_bytes_on_disk": weights,
+        "kv_cache": {
+            "dtype": kv_dtype,
+            "bytes_per_token": kv_bytes_per_token(shapes.cfg, kv_dtype),
+        },
     }
+
+
+def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str) -> int:
+    """What one token's K and V take in the runtime's pool, every layer, in ``kv_dtype``."""
+    shape = (cfg.num_layers, 1, cfg.num_kv_heads, cfg.head_dim)  # a block of one token
+    return KVPool.bytes_per_block(*shape, kv_numpy_dtype(kv_dtype))
 
 
 @dataclass(slots=True)
@@ -192,10 +204,14 @@ def _model_stages(
         stages.append(_calibrate(recipe, recipe_path))
         stages.append(_quantize_layerwise(shapes, recipe, calibrated))
     else:
+        if recipe.kv_cache.quantized and recipe.calibration is not None:
+            stages.append(_calibrate(recipe, recipe_path))  # the KV scales' windows
         stages.append(_quantize_rtn(shapes, entries, weights))
     onnx_bytes = _quantized_bytes(shapes, entries)
     ir_bytes = _quantized_bytes(shapes, entries, code_bits=8)
     stages.append(_export(shapes, ir_bytes, onnx_bytes))
+    if recipe.kv_cache.quantized and recipe.calibration is not None:
+        _add_kv_scales(stages[-1], shapes, recipe)
     for target in recipe.targets:
         name = f"{target.engine}-{target.device}"
         exact_first = target.matmul_accuracy_level == 4
@@ -236,7 +252,8 @@ def _draft_stages(recipe: Recipe, recipe_path: Path) -> _DraftStages | None:
         "artifact": engines,  # its engines only: no portable graph of the draft
         "hub_download": download,
     }
-    return _DraftStages(_model_summary(shapes, weights), model.stages, engines, disk)
+    summary = _model_summary(shapes, weights, recipe.kv_cache.dtype)
+    return _DraftStages(summary, model.stages, engines, disk)
 
 
 def _disk(recipe: Recipe, shapes: _Shapes, onnx_bytes: int, download: int) -> dict[str, int]:
@@ -293,6 +310,26 @@ def _export(shapes: _Shapes, ir_bytes: int, onnx_bytes: int) -> StageEstimate:
     return StageEstimate("export", int(peak), seconds, "layer by layer from the IR")
 
 
+def _add_kv_scales(export: StageEstimate, shapes: _Shapes, recipe: Recipe) -> None:
+    """An int8 / fp8 KV cache's scales are measured in the export stage before the graph is
+    built (quantize/kv_scales.py): one forward pass per layer over the calibration windows
+    plus the K/V projections, on activations of two stores that spill past the budget."""
+    from ingot.calibration.activations import budget_from_env
+
+    c, cal = shapes.cfg, recipe.calibration
+    tokens = cal.samples * cal.seq_len
+    acts = tokens * c.hidden_size * 4  # one store, fp32
+    budget = budget_from_env()
+    held = 2 * CONSTANTS["chunk_bytes"] if acts > budget // 3 else 2 * acts
+    attention = 4 * cal.samples * cal.seq_len**2 * c.num_heads * c.head_dim
+    forward = 2 * shapes.layer_params * tokens + attention
+    export.seconds += c.num_layers * forward / CONSTANTS["flops_per_second"]
+    layer = shapes.layer_params * 4 * 2  # the layer and its dequantized linears
+    peak = CONSTANTS["runtime_baseline_bytes"] + held + max(layer, shapes.embed_params * 4)
+    export.peak_bytes = max(export.peak_bytes, int(peak))
+    export.notes += f"; first {recipe.kv_cache.dtype} KV scales on {tokens} calibration tokens"
+
+
 def _engine(shapes: _Shapes, name: str, onnx_bytes: int, exact_first: bool) -> StageEstimate:
     # ORT loads the exported weights once to optimize and save the engine, then the saved
     # engine once to check it against the IR (one layer at a time); a tied embedding is also
@@ -336,6 +373,7 @@ def _quantize_layerwise(
     spilled = acts > budget // 3  # three stores alive at most, a third of the budget each
     act_bytes = 3 * CONSTANTS["chunk_bytes"] if spilled else 3 * acts
     methods = {e.method for e in entries}
+    methods |= {"gptq" for e in entries if getattr(e, "weights", None) == "gptq"}  # smoothquant
     widest_in = max(k for _, k in shapes.linears())
     hessian = widest_in**2 * 4 * 2 if "gptq" in methods else 0
     layer = shapes.layer_params * 4 * 3  # float layer, its quantized form, a dequantized view
@@ -373,7 +411,6 @@ def _evaluate(shapes: _Shapes, recipe: Recipe) -> StageEstimate | None:
     ppl = getattr(section, "perplexity", None) if section is not None else None
     if ppl is None:
         return None
-    methods |= {"gptq" for e in entries if getattr(e, "weights", None) == "gptq"}  # smoothquant
     windows = ppl.max_windows or 64  # unknown until the text is tokenized: assume 64
     tokens = windows * ppl.seq_len
     # Three forward passes over the windows: the float model, the quantized IR, the engine.
