@@ -9,8 +9,11 @@ ISA-specific kernels and says the result "should only be used in the same enviro
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Literal
+
+from .fp8_weights import fold_fp8_weights
 
 __all__ = [
     "build_onnxruntime_engine",
@@ -124,8 +127,15 @@ def build_onnxruntime_engine(
         "session.qdq_matmulnbits_accuracy_level", str(matmul_accuracy_level)
     )
     options.add_session_config_entry("session.disable_prepacking", "1")  # never runs
-    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    del session  # written; its weights go now
+    # FP8 weights are dequantized here, once (fp8_weights.py: ORT's CPU kernel is scalar).
+    folded_dir = out_dir / ".fp8-folded"  # a dot-name: never part of the stage's digest
+    folded = fold_fp8_weights(Path(onnx_path), folded_dir)
+    source = folded_dir / MODEL_FILE if folded else Path(onnx_path)
+    try:
+        session = ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+        del session  # written; its weights go now
+    finally:
+        shutil.rmtree(folded_dir, ignore_errors=True)
     if not (out_dir / MODEL_FILE).is_file():
         raise RuntimeError(f"onnxruntime did not write the optimized model to {out_dir}")
 
@@ -150,7 +160,9 @@ def build_onnxruntime_engine(
         "build": {
             "optimization_level": optimization_level,
             "matmul_accuracy_level": matmul_accuracy_level,
-        },
+        }
+        # FP8 weights dequantized at build time (fp8_weights.py), when the graph has any.
+        | ({"fp8_weights_dequantized": folded} if folded else {}),
     }
 
 
