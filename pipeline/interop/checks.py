@@ -1,7 +1,8 @@
 """Recipe checks for `interop`, run with the other recipe checks before any build work.
 
 Each format stores what it can: GPTQ v1 one bits / group size / symmetry for every decoder
-linear; AWQ GEMM 4-bit with zero points in groups; compressed-tensors anything integer.
+linear; AWQ GEMM 4-bit with zero points in groups; compressed-tensors any integer scheme, W8A8
+(smoothquant) and FP8, mixed in one model. GPTQ, AWQ and GGUF hold weight-only integer weights.
 Packing into int32 needs widths divisible by the values per word. GGUF holds any weights (what
 its blocks cannot hold is written as F16), but llama.cpp must be able to run the model: no
 sliding window, no dynamic NTK RoPE.
@@ -17,7 +18,12 @@ from ..recipe.errors import format_problem
 
 __all__ = ["gguf_model_problems", "interop_problems"]
 
-_ACTIVATION_METHODS = ("smoothquant", "fp8")  # W8A8 int8 and FP8: no interop writer yet
+# What only compressed-tensors holds (int-quantized / float-quantized): entries that quantize
+# activations (W8A8 int8) or weights to FP8.
+_CT_ONLY_METHODS = {
+    "smoothquant": "W8A8 (int8 weights and activations)",
+    "fp8": "FP8 weights",
+}
 
 
 def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
@@ -29,14 +35,15 @@ def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     modules = linear_names(cfg)
     entry_of = {m: i for i, entry in enumerate(recipe.quantize) for m in selected(entry, modules)}
     problems = []
-    for i, entry in enumerate(recipe.quantize):
-        if entry.method in _ACTIVATION_METHODS:
-            what = (
-                "the interop formats (gptq, awq, compressed-tensors, gguf) hold weight-only "
-                "integer quantization; this method also quantizes activations (or FP8 weights)"
-            )
-            problems.append(format_problem(f"quantize.{i}.method", what, entry.method))
     for j, fmt in enumerate(recipe.interop):
+        if fmt != "compressed-tensors":
+            for i, entry in enumerate(recipe.quantize):
+                if not _integer(entry):
+                    what = (
+                        f"interop {fmt} (interop.{j}) holds weight-only integer quantization, "
+                        f"not {_CT_ONLY_METHODS[entry.method]}; compressed-tensors holds it"
+                    )
+                    problems.append(format_problem(f"quantize.{i}.method", what, entry.method))
         if fmt == "awq":
             problems += _awq(recipe, entry_of)
         if fmt == "gptq":
@@ -66,6 +73,11 @@ def gguf_model_problems(cfg: ModelConfig) -> list[str]:
     return problems
 
 
+def _integer(entry: Quantize) -> bool:
+    """A weight-only integer entry (rtn, gptq, awq): the settings the checks below read."""
+    return entry.method not in _CT_ONLY_METHODS
+
+
 def _settings(entry: Quantize) -> tuple[int | None, int | None, bool | None]:
     return entry.bits, entry.group_size, entry.symmetric
 
@@ -73,6 +85,8 @@ def _settings(entry: Quantize) -> tuple[int | None, int | None, bool | None]:
 def _awq(recipe: Recipe, entry_of: dict[str, int]) -> list[str]:
     problems = []
     for i, entry in enumerate(recipe.quantize):
+        if not _integer(entry):  # refused above
+            continue
         bits, group_size, symmetric = _settings(entry)
         if bits != 4:
             what = "interop awq (GEMM) packs 4-bit weights only"
@@ -92,7 +106,8 @@ def _awq(recipe: Recipe, entry_of: dict[str, int]) -> list[str]:
 
 def _gptq(j: int, recipe: Recipe, modules: list[str], entry_of: dict[str, int]) -> list[str]:
     problems = []
-    settings = {_settings(recipe.quantize[i]) for i in set(entry_of.values())}
+    entries = [recipe.quantize[i] for i in set(entry_of.values())]
+    settings = {_settings(e) for e in entries if _integer(e)}
     if len(settings) > 1:
         problems.append(
             f"interop.{j}: gptq states one bits / group_size / symmetric for the whole model, "
@@ -114,7 +129,7 @@ def _widths(
     problems = []
     for module, i in entry_of.items():
         bits = recipe.quantize[i].bits
-        if 32 % bits:
+        if 32 % bits or not _integer(recipe.quantize[i]):
             continue
         per = 32 // bits
         k, n = linear_shape(cfg, module)

@@ -46,13 +46,24 @@ _SIDE_FILES = (
 )
 
 
-def split_model(model: LlamaModel) -> tuple[dict[str, QuantizedLinear], dict[str, torch.Tensor]]:
+def split_model(
+    model: LlamaModel, *, activations: bool = False
+) -> tuple[dict[str, QuantizedLinear], dict[str, torch.Tensor]]:
     """({IR module name: quantized linear}, {IR tensor name: float tensor}) of `model`.
 
     A quantized linear's own tensors (codes, scales, zero points, g_idx, bias) are not in the
-    float dict; each writer stores them its own way. A tied lm_head is left out.
+    float dict; each writer stores them its own way. A tied lm_head is left out. Unless the
+    format holds them (`activations`), linears that quantize their inputs (W8A8, FP8) or hold
+    FP8 codes are refused: weight-only integer formats would misread them.
     """
     quantized = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    for name, q in quantized.items():
+        if not activations and (q.input_quant is not None or q.fp8):
+            what = "FP8 weights" if q.fp8 else f"{q.input_quant.dtype} activations"
+            raise InteropError(
+                f"interop: {name} has {what}; this format holds weight-only integer "
+                "quantization (compressed-tensors holds W8A8 and FP8)"
+            )
     dense = {
         name: tensor
         for name, tensor in model.state_dict().items()

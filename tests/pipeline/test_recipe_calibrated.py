@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
+from ingot.pipeline.interop.checks import interop_problems
 from ingot.pipeline.model.config import ModelConfig
 from ingot.pipeline.preflight import check_recipe_against_model
-from ingot.pipeline.interop.checks import interop_problems
 from ingot.pipeline.recipe import (
     AwqQuantize,
     Fp8Quantize,
@@ -156,7 +156,25 @@ def test_smoothquant_and_static_fp8_refuse_lm_head(tmp_path):
 
 
 def test_interop_formats_refuse_activation_quantization(tmp_path):
-    text = "[{method: smoothquant}]\ninterop: [compressed-tensors]"
-    recipe = load(tmp_path, text)
-    [problem] = interop_problems(recipe, ModelConfig.from_hf(MODEL_CONFIG))
-    assert problem.startswith("quantize.0.method:") and "smoothquant" in problem
+    """compressed-tensors holds W8A8 and FP8 (alone or beside integer entries); the weight-only
+    formats refuse each such entry once per format, naming the field and the format."""
+    cfg = ModelConfig.from_hf(MODEL_CONFIG)
+    mixed = (
+        "[{method: awq, bits: 4, group_size: 32, targets: ['re:.*mlp.*']}, "
+        "{method: smoothquant, targets: ['re:.*attn.*']}, "
+        "{method: fp8, activations: none, targets: [lm_head], ignore: []}]"
+    )
+    for quantize in ("[{method: smoothquant}]", "[{method: fp8, weights: tensor}]", mixed):
+        recipe = load(tmp_path, f"{quantize}\ninterop: [compressed-tensors]")
+        assert interop_problems(recipe, cfg) == [], quantize
+    recipe = load(tmp_path, f"{mixed}\ninterop: [compressed-tensors, awq, gptq, gguf]")
+    problems = interop_problems(recipe, cfg)
+    refused = [p for p in problems if p.startswith(("quantize.1.method:", "quantize.2.method:"))]
+    assert len(refused) == 6, problems  # two entries x three formats
+    for j, fmt in enumerate(("awq", "gptq", "gguf"), start=1):
+        line = next(p for p in refused if f"interop {fmt} (interop.{j})" in p)
+        assert line.startswith("quantize.1.method: ") and "got 'smoothquant'" in line
+        assert "\n" not in line and "compressed-tensors" in line
+    # The integer entry is no refused method; the weight-only formats' own checks still run.
+    assert not any(p.startswith("quantize.0.") for p in problems)
+    assert any(p.startswith("quantize.2.ignore: interop awq keeps lm_head float") for p in problems)
