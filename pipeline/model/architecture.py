@@ -21,6 +21,7 @@ __all__ = [
     "LAYER_GROUPS",
     "LAYER_LINEARS",
     "LM_HEAD",
+    "NORM_GROUPS",
     "O",
     "QKV",
     "LayerLinear",
@@ -65,6 +66,9 @@ O = ("attn.o_proj",)  # noqa: E741 - the projection's own name
 GATE_UP = ("mlp.gate_proj", "mlp.up_proj")
 DOWN = ("mlp.down_proj",)
 LAYER_GROUPS = (QKV, O, GATE_UP, DOWN)
+# (norm, group): the groups whose shared input is an RMSNorm's output, where a per-input-channel
+# scale folds into the norm's weight (SmoothQuant smooths these only).
+NORM_GROUPS = (("attn_norm", QKV), ("mlp_norm", GATE_UP))
 
 _LABELS: dict[Dim, str] = {
     "hidden": "hidden_size",
@@ -133,8 +137,9 @@ def scaling_groups(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...]]]:
     attention's weighted sum, one head to one head, so only without GQA (a shared kv head
     would need one scale for several query heads); up_proj's output reaches down_proj through
     the elementwise product with silu(gate)."""
-    groups = [("attn_norm", QKV)]
+    attn, mlp = NORM_GROUPS
+    groups = [attn]
     if cfg.num_heads == cfg.num_kv_heads:
         groups.append(("attn.v_proj", O))
-    groups += [("mlp_norm", GATE_UP), ("mlp.up_proj", DOWN)]
+    groups += [mlp, ("mlp.up_proj", DOWN)]
     return groups

@@ -28,10 +28,10 @@ from torch import nn
 from ingot.calibration.activations import ActivationStore
 from ingot.calibration.capture import AbsMaxObserver, ChannelObserver, HessianObserver, input_of
 
-from ..model.architecture import GATE_UP, LAYER_GROUPS, QKV, scaling_groups
+from ..model.architecture import GATE_UP, LAYER_GROUPS, NORM_GROUPS, QKV, scaling_groups
 from ..model.config import ModelConfig
 from ..model.input_quant import InputQuant
-from ..model.layers import DecoderLayer, RMSNorm
+from ..model.layers import DecoderLayer
 from ..model.llama import causal_mask
 from ..model.qlinear import QuantizedLinear, dequantize_in_place, dequantized, replace_module
 from ..model.rope import cos_sin
@@ -320,12 +320,10 @@ class _Steps:
         if act_max is None or not all(isinstance(e, SmoothQuantQuantize) for e in entries):
             return None
         alphas = {e.alpha for e in entries}
-        prev = {linears: prev for prev, linears in scaling_groups(self.cfg)}.get(group)
-        if len(alphas) != 1 or None in alphas or prev is None:
+        norm_name = {linears: norm for norm, linears in NORM_GROUPS}.get(group)
+        if len(alphas) != 1 or None in alphas or norm_name is None:
             return None
-        norm = self.layer.get_submodule(prev)
-        if not isinstance(norm, RMSNorm):
-            return None
+        norm = self.layer.get_submodule(norm_name)
         linears = [self.layer.get_submodule(n) for n in group]
         s = smoothing_scales(act_max, [m.weight.data for m in linears], alphas.pop())
         apply_scales(norm, linears, s)

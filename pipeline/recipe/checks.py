@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import get_args
 
-from ..model.architecture import dim_label, dim_size, layer_linear, linear_names
+from ..model.architecture import NORM_GROUPS, dim_label, dim_size, layer_linear, linear_names
 from ..model.config import ModelConfig
 from ..model.selection import pattern_matches, selected
 from .errors import format_problem
@@ -44,6 +44,7 @@ def quantize_problems(entries: Sequence[Quantize], cfg: ModelConfig, path: str) 
         if not chosen and not pattern_problems:
             problems.append(f"{at}: selects no module (its ignore covers its targets)")
         problems += _check_group_size(at, entry, chosen, cfg)
+        problems += _check_smoothing_groups(at, entry, chosen, cfg)
         if entry.calibrated and "lm_head" in chosen:
             problems.append(
                 f"{at}.ignore: {entry.method} quantizes decoder-layer linears only "
@@ -91,6 +92,28 @@ def _check_group_size(at: str, entry: Quantize, chosen: list[str], cfg: ModelCon
         f"{at}.group_size: {group_size} does not divide {' and '.join(bad)} "
         f"of the source model (use one of: {use})"
     ]
+
+
+def _check_smoothing_groups(
+    at: str, entry: Quantize, chosen: list[str], cfg: ModelConfig
+) -> list[str]:
+    # SmoothQuant folds one scale per channel into the norm before q,k,v (gate,up): every
+    # linear reading that norm must take it, so an entry that smooths selects whole groups.
+    if entry.method != "smoothquant" or entry.alpha is None:
+        return []
+    picked = set(chosen)
+    for i in range(cfg.num_layers):
+        for norm, group in NORM_GROUPS:
+            names = [f"layers.{i}.{n}" for n in group]
+            missing = [n for n in names if n not in picked]
+            if missing and len(missing) < len(names):
+                return [
+                    f"{at}.targets: smoothquant folds one scale into {norm} for "
+                    f"{', '.join(group)} together, and selects {len(names) - len(missing)} of "
+                    f"them in layer {i} (missing {missing[0]}); select the whole group or set "
+                    "alpha: null (no smoothing)"
+                ]
+    return []
 
 
 def _check_overlaps(path: str, selected_by: dict[str, list[int]]) -> list[str]:

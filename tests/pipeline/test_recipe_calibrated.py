@@ -178,3 +178,18 @@ def test_interop_formats_refuse_activation_quantization(tmp_path):
     # The integer entry is no refused method; the weight-only formats' own checks still run.
     assert not any(p.startswith("quantize.0.") for p in problems)
     assert any(p.startswith("quantize.2.ignore: interop awq keeps lm_head float") for p in problems)
+
+
+def test_smoothquant_selects_whole_norm_fed_groups(tmp_path):
+    cfg = ModelConfig.from_hf(MODEL_CONFIG)
+    part = load(tmp_path, "[{method: smoothquant, targets: ['re:layers\\..*\\.attn\\.q_proj']}]")
+    with pytest.raises(
+        RecipeError,
+        match=r"quantize\.0\.targets: smoothquant folds one scale "
+        r"into attn_norm .*missing layers\.0\.attn\.k_proj",
+    ):
+        check_recipe_against_model(part, cfg)
+    unsmoothed = load(
+        tmp_path, "[{method: smoothquant, alpha: null, targets: ['re:layers\\..*\\.q_proj']}]"
+    )
+    check_recipe_against_model(unsmoothed, cfg)  # no smoothing: any selection
