@@ -174,3 +174,36 @@ def test_engine_perplexity_reads_the_quantized_pool(built):
         ppl[dtype] = engine_perplexity(engine, manifest.engines[0].session_options, windows)
     for dtype in ("int8", "fp8"):
         assert ppl[dtype] != ppl["fp32"] and abs(ppl[dtype] / ppl["fp32"] - 1) < 0.05
+
+
+def test_a_draft_model_gets_its_own_scales(built, tmp_path):
+    # The draft shares the recipe's kv_cache: its own calibrate stage (its tokenizer, equal to
+    # the target's) and scales; speculation keeps greedy output on the int8 pools.
+    recipe, _ = built["int8"]
+    draft = make_checkpoint(tmp_path / "draft", "llama", seed=1, num_hidden_layers=1)
+    speculative = {
+        "method": "draft_model",
+        "num_speculative_tokens": 3,
+        "draft": {"source": {"path": str(draft)}},
+    }
+    path = write_recipe(
+        tmp_path / "r.yaml",
+        load_recipe(recipe).source.path,
+        kv_cache={"dtype": "int8", "block_size": 8},
+        calibration=_calibration(),
+        targets=EXACT,
+        speculative=speculative,
+    )
+    result = build(path, tmp_path / "art", cache=StageCache(Path(recipe).parent / "cache"))
+    stages = {s.stage: s for s in result.stages}
+    assert stages["export"].cached and not stages["draft-export"].cached
+    assert "draft-calibrate" in stages
+    graph = read_manifest(result.artifact).speculative.draft.graph
+    assert graph.kv_dtype == "int8" and np.array(graph.kv_scales.k).shape == (1, 2)
+    plain = LoadedModel.load(result.artifact, speculative_config=False).generator()
+    drafted = LoadedModel.load(result.artifact, speculative_config={"adaptive": False})
+    assert drafted.draft.pool.dtype == np.int8
+    want = [c.token_ids for c in plain.generate(PROMPTS, GREEDY)]
+    generator = drafted.generator()
+    assert [c.token_ids for c in generator.generate(PROMPTS, GREEDY)] == want
+    assert generator.stats().spec_num_drafts > 0  # the draft's int8 pool was read
