@@ -71,6 +71,39 @@ def _decompress(compressed: Path, dense: Path) -> None:
     (dense / "config.json").write_text(json.dumps(config, indent=2))
 
 
+def run_oneshot(model_dir: str, tokens_file: str, recipe, threads: int | None, result: dict):
+    """llm-compressor's `oneshot` of ``recipe`` on the model loaded in fp32, calibrated on the
+    token windows of ``tokens_file`` (.npy [N, T], in order); records the tool versions and
+    ``quantize_seconds`` (oneshot alone) in ``result``; returns the model as oneshot left it."""
+    from importlib.metadata import version
+
+    import numpy as np
+    import torch
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM
+
+    if threads:
+        torch.set_num_threads(threads)
+    result["versions"] = {n: version(n) for n in ("llmcompressor", "compressed-tensors")}
+    tokens = np.load(tokens_file)
+    data = Dataset.from_dict(
+        {"input_ids": tokens.tolist(), "attention_mask": np.ones_like(tokens).tolist()}
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    started = time.perf_counter()
+    oneshot(
+        model=model,
+        dataset=data,
+        recipe=recipe,
+        num_calibration_samples=len(tokens),
+        max_seq_length=tokens.shape[1],
+        shuffle_calibration_samples=False,
+    )
+    result["quantize_seconds"] = time.perf_counter() - started
+    return model
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -85,33 +118,8 @@ def main() -> None:
     args = p.parse_args()
     result: dict = {"tool": "llm-compressor"}
     try:
-        from importlib.metadata import version
-
-        import numpy as np
-        import torch
-        from datasets import Dataset
-        from llmcompressor import oneshot
-        from transformers import AutoModelForCausalLM
-
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        result["versions"] = {n: version(n) for n in ("llmcompressor", "compressed-tensors")}
-        tokens = np.load(args.tokens)
-        data = Dataset.from_dict(
-            {"input_ids": tokens.tolist(), "attention_mask": np.ones_like(tokens).tolist()}
-        )
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
         modifier = _modifier(args.method, args.bits, args.group_size, not args.asymmetric)
-        started = time.perf_counter()
-        oneshot(
-            model=model,
-            dataset=data,
-            recipe=modifier,
-            num_calibration_samples=len(tokens),
-            max_seq_length=tokens.shape[1],
-            shuffle_calibration_samples=False,
-        )
-        result["quantize_seconds"] = time.perf_counter() - started
+        model = run_oneshot(args.model, args.tokens, modifier, args.threads, result)
         compressed = Path(args.out) / "compressed"
         model.save_pretrained(compressed, save_compressed=True)
         _decompress(compressed, Path(args.out) / "dense")
