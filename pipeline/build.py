@@ -25,6 +25,7 @@ from .evaluate import (
 )
 from .evaluate.windows import EvalWindows, eval_windows
 from .interop import write_interop
+from .interop.kv_scheme import KV_SCHEME_FORMATS, kv_scales_digest, read_kv_scales
 from .manifest_fields import (
     Compiled,
     eval_and_interop_fields,
@@ -167,11 +168,18 @@ def build(
     q_dir, q_digest = target.quantize_dir, target.quantize_digest
     extra_dirs: dict[str, Path] = {}  # artifact directory -> stage output copied into it
     for fmt in recipe.stage_slice("interop")["interop"]:
+        inputs, x_dir = {"quantize": q_digest, "source": source_digest}, None
+        if recipe.kv_cache.quantized and fmt in KV_SCHEME_FORMATS:
+            # It stores the export stage's K/V scales: keyed on them, not on the whole graph.
+            x_dir = target.export_dir
+            inputs["kv_scales"] = kv_scales_digest(read_kv_scales(x_dir))
         i_dir, _ = stage(
             f"interop:{fmt}",
             {"interop": fmt},
-            {"quantize": q_digest, "source": source_digest},
-            lambda tmp, fmt=fmt: write_interop(fmt, q_dir, source.path, tmp),
+            inputs,
+            lambda tmp, fmt=fmt, x_dir=x_dir: write_interop(
+                fmt, q_dir, source.path, tmp, export_dir=x_dir
+            ),
         )
         extra_dirs[f"interop/{fmt}"] = i_dir
     eval_fields = {}

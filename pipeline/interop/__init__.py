@@ -14,13 +14,19 @@ __all__ = ["FORMATS", "InteropError", "interop_problems", "write_interop"]
 FORMATS = ("gptq", "awq", "compressed-tensors", "gguf")
 
 
-def write_interop(fmt: str, ir_dir: Path, source: Path, out: Path) -> None:
-    """Write the quantize stage's IR (`ir_dir`) as a `fmt` checkpoint directory `out`."""
+def write_interop(
+    fmt: str, ir_dir: Path, source: Path, out: Path, *, export_dir: Path | None = None
+) -> None:
+    """Write the quantize stage's IR (`ir_dir`) as a `fmt` checkpoint directory `out`.
+
+    compressed-tensors also stores an fp8 KV cache's scales, read from the export stage's
+    `export_dir` (graph.json `kv_scales`); the other formats hold no KV cache scheme."""
     from ..quantize.checkpoint import load_ir
     from .awq import write_awq
     from .compressed_tensors import write_compressed_tensors
     from .gguf import write_gguf
     from .gptq import write_gptq
+    from .kv_scheme import read_kv_scales
 
     writers = {
         "gptq": write_gptq,
@@ -30,4 +36,7 @@ def write_interop(fmt: str, ir_dir: Path, source: Path, out: Path) -> None:
     }
     if fmt not in writers:
         raise InteropError(f"interop: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    if fmt == "compressed-tensors" and export_dir is not None:
+        write_compressed_tensors(load_ir(ir_dir), source, out, read_kv_scales(export_dir))
+        return
     writers[fmt](load_ir(ir_dir), source, out)

@@ -5,7 +5,8 @@ linear; AWQ GEMM 4-bit with zero points in groups; compressed-tensors any intege
 (smoothquant) and FP8, mixed in one model. GPTQ, AWQ and GGUF hold weight-only integer weights.
 Packing into int32 needs widths divisible by the values per word. GGUF holds any weights (what
 its blocks cannot hold is written as F16), but llama.cpp must be able to run the model: no
-sliding window, no dynamic NTK RoPE.
+sliding window, no dynamic NTK RoPE. compressed-tensors holds an fp8 KV cache, not an int8 one
+(kv_scheme.py); GPTQ, AWQ and GGUF hold no KV cache scheme and leave it out.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ..model.config import ModelConfig
 from ..model.selection import selected
 from ..recipe import Quantize, Recipe
 from ..recipe.errors import format_problem
+from .kv_scheme import KV_SCHEME_FORMATS
 
 __all__ = ["gguf_model_problems", "interop_problems"]
 
@@ -52,6 +54,16 @@ def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
             problems += _widths(j, fmt, recipe, entry_of, cfg)
         if fmt == "gguf":
             problems += [f"interop.{j}: {p}" for p in gguf_model_problems(cfg)]
+        if fmt in KV_SCHEME_FORMATS and recipe.kv_cache.quantized:
+            held = KV_SCHEME_FORMATS[fmt]
+            if recipe.kv_cache.dtype not in held:
+                what = (
+                    f"interop {fmt} (interop.{j}) stores only an {' / '.join(held)} KV cache "
+                    f"scheme (vLLM has no {recipe.kv_cache.dtype} KV cache)"
+                )
+                problems.append(
+                    format_problem("kv_cache.dtype", what, recipe.kv_cache.dtype, ", ".join(held))
+                )
     return problems
 
 

@@ -19,6 +19,7 @@ saves), and `format: mixed-precision` over the whole config when the groups diff
   strategy: weight float8_e4m3fn [N, K], weight_scale float32 [N, 1] (channel) or [1] (tensor,
   the IR's one value repeated per row), input_scale [1] when static. FP8 weights with float
   inputs are `naive-quantized`: compressed-tensors' float-quantized needs input activations.
+An fp8 KV cache adds `kv_cache_scheme` and per-layer k_scale / v_scale (kv_scheme.py).
 SmoothQuant's smoothing is already in the IR's norms and weights: the norms are written as the
 other float tensors are (fp16).
 
@@ -38,6 +39,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..model.kv_quant import KVScales
 from ..model.llama import LlamaModel
 from ..model.qlinear import QuantizedLinear
 from .common import (
@@ -49,6 +51,7 @@ from .common import (
     split_model,
     write_checkpoint,
 )
+from .kv_scheme import kv_cache_scheme, kv_scale_tensors
 
 __all__ = ["write_compressed_tensors"]
 
@@ -64,7 +67,11 @@ class _Key(NamedTuple):
     inputs: str  # "" (weight-only) | "dynamic" (per token) | "static" (per tensor)
 
 
-def write_compressed_tensors(model: LlamaModel, source: Path, out: Path) -> None:
+def write_compressed_tensors(
+    model: LlamaModel, source: Path, out: Path, kv_scales: KVScales | None = None
+) -> None:
+    """Write `model` (the IR) to `out`; with `kv_scales` (fp8), the KV cache scheme too
+    (kv_scheme.py)."""
     from compressed_tensors.compressors.model_compressors.model_compressor import (
         ModelCompressor,
     )
@@ -101,7 +108,10 @@ def write_compressed_tensors(model: LlamaModel, source: Path, out: Path) -> None
         format=formats.pop() if len(formats) == 1 else CompressionFormat.mixed_precision.value,
         quantization_status=QuantizationStatus.COMPRESSED,
         ignore=floats,
+        kv_cache_scheme=None if kv_scales is None else kv_cache_scheme(kv_scales),
     )
+    if kv_scales is not None:
+        tensors.update(kv_scale_tensors(kv_scales))
     write_checkpoint(out, source, tensors, None, untie="lm_head" in modules)
     ModelCompressor(quantization_config=config).update_config(str(out))
 
