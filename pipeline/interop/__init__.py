@@ -1,6 +1,6 @@
 """pipeline/interop: the quantized IR written as checkpoints other engines load unchanged
-(GPTQ v1, AWQ GEMM, compressed-tensors pack-quantized, llama.cpp's GGUF), into the artifact's
-interop/."""
+(GPTQ v1, AWQ GEMM, compressed-tensors: pack-quantized, int-quantized W8A8, float-quantized
+FP8; llama.cpp's GGUF), into the artifact's interop/."""
 
 from __future__ import annotations
 
