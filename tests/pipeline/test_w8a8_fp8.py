@@ -151,8 +151,9 @@ def test_scheme_exports_a_graph_the_ir_check_passes_exactly(
     report = check_export(model, tmp_path / "model.onnx")
     assert report["max_rel_logit_diff"] < 1e-5  # the same roundings, operator for operator
     quantizes_inputs = SCHEMES[scheme].get("activations") != "none"
-    assert report["quantized_inputs"] == quantizes_inputs
-    assert report["rtol"] == (QUANTIZED_INPUTS_RTOL if quantizes_inputs else RTOL["exact"])
+    dtype = "int8" if SCHEMES[scheme]["method"] == "smoothquant" else "fp8"
+    assert report["quantized_inputs"] == ([dtype] if quantizes_inputs else [])
+    assert report["rtol"] == (QUANTIZED_INPUTS_RTOL[dtype] if quantizes_inputs else RTOL["exact"])
 
     # The checkpoint keeps codes, scales and input schemes: same logits after a round trip.
     save_ir(model, tmp_path)
