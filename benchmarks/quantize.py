@@ -8,12 +8,16 @@ perplexity windows.
 
 - Model: ../shared/models/pydoc-16m (8 layers, width 384; --model). Calibration: 128 windows of
   512 tokens drawn from ../shared/data/pydoc-calib.txt (--calib-text) by ingot's own calibration
-  sampler (seed 0); llm-compressor gets the very same token windows (a .npy file). Perplexity:
-  consecutive 256-token windows of ../shared/data/pydoc-eval.txt (--eval-text), scored by
-  ingot's evaluate stage code on ingot's fp32 model for every row. Paths are relative to the
-  repository root; every process runs torch on --threads threads.
-- Settings: W4 g128, W4 per-channel, W3 g128. ingot's recipe allows bits 4 | 8, so W3 runs
-  through the Python API of the quantizers (which take any bit width), not a recipe.
+  sampler (seed 0); llm-compressor gets the very same token windows (a .npy file). Perplexity
+  on two texts, each as consecutive 256-token windows scored by ingot's evaluate stage code on
+  ingot's fp32 model for every row: ../shared/data/pydoc-eval.txt (--eval-text), Python
+  documentation held out of training (in-distribution), and an out-of-domain text
+  (--ood-text): legal prose, the licence texts Debian ships in /usr/share/common-licenses,
+  which neither pydoc model saw (fp32 perplexity ~3.5x the in-domain one); each file's sha256
+  is in the report. Paths are relative to the repository root; every process runs torch on
+  --threads threads.
+- Settings: W4 g32, W4 g128, W4 per-channel, W3 g128. ingot's recipe allows bits 4 | 8, so W3
+  runs through the Python API of the quantizers (which take any bit width), not a recipe.
 - Each quantization runs in its own process; its peak RSS is `getrusage(RUSAGE_CHILDREN)` of a
   small wrapper process that runs only it. "quantize s" is the time of the quantization call
   itself: ingot's `quantize_layers` (layer-sequential from disk, writing the IR) or
@@ -55,10 +59,21 @@ from paths import REPO, data_dir, models_dir, peer_python, portable, portable_re
 LLMC = "llmcompressor"  # the peer: benchmarks/peers/llmcompressor.txt
 
 SETTINGS = {  # name -> (bits, group_size)
+    "w4g32": (4, 32),
     "w4g128": (4, 128),
     "w4pc": (4, -1),
     "w3g128": (3, 128),
 }
+# The out-of-domain text: legal prose (Debian's copies of the licences; GPL-2 is left out, as
+# LGPL-2.1 repeats much of it), joined by blank lines.
+OOD_FILES = tuple(
+    Path("/usr/share/common-licenses") / name
+    for name in ("GPL-3", "Apache-2.0", "MPL-2.0", "GFDL-1.3", "LGPL-2.1")
+)
+# eval text -> a row's keys: perplexity, and the mean per-token KL(fp32 || quantized) in nats
+DOMAINS = {"in": "perplexity", "ood": "perplexity_ood"}
+KL = {"in": "kl", "ood": "kl_ood"}
+
 # (row label, tool, method, symmetric)
 METHODS = [
     ("ingot RTN (sym)", "ingot", "rtn", True),
@@ -212,13 +227,72 @@ def _eval_windows(model: Path, eval_text: Path, max_windows: int | None):
     return token_windows(ids, 256, max_windows), text.sha256
 
 
-def _perplexity(kind: str, path: Path, windows) -> float:
-    from ingot.pipeline.evaluate import perplexity
+def _ood_windows(model: Path, files: list[Path], max_windows: int | None):
+    """The out-of-domain windows: ``files`` (plain text) joined by blank lines; with the
+    description the report records (each file's path and sha256, the joined text's)."""
+    import hashlib
+
+    from ingot.pipeline.evaluate import token_windows
+    from ingot.pipeline.evaluate.perplexity import tokenize
+
+    texts = [f.read_text(encoding="utf-8") for f in files]
+    text = "\n\n".join(t.strip("\n") for t in texts)
+    ids = tokenize(text, model / "tokenizer.json")
+    windows = token_windows(ids, 256, max_windows)
+    sha = [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]
+    described = {
+        "dataset": "legal prose (licence texts)",
+        "files": [{"path": str(f), "sha256": h} for f, h in zip(files, sha, strict=True)],
+        "text_sha256": "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        "tokens": len(ids),
+        "seq_len": 256,
+        "windows": int(windows.shape[0]),
+    }
+    return windows, described
+
+
+def _perplexity(
+    kind: str, path: Path, windows: dict[str, Any], reference: Any = None
+) -> dict[str, float]:
+    """{row key: value} on each text's windows (``windows``: domain -> windows): perplexity, by
+    ingot's evaluate code, and with the fp32 ``reference`` model the mean KL(fp32 || this
+    model) over the same next-token predictions, in nats. Perplexity says how well a model
+    predicts the text, which quantization noise can even improve where the float model is
+    overconfident (out of domain); the KL says how far its predictions moved from the float
+    model's, in either direction."""
     from ingot.pipeline.model.load import load_model
     from ingot.pipeline.quantize.checkpoint import load_ir
 
     model = load_ir(path) if kind == "ir" else load_model(path)
-    return perplexity(model, windows)
+    scores = {}
+    for domain, w in windows.items():
+        ppl, kl = _scores(model, w, reference)
+        scores[DOMAINS[domain]] = ppl
+        if kl is not None:
+            scores[KL[domain]] = kl
+    return scores
+
+
+def _scores(model: Any, windows: Any, reference: Any) -> tuple[float, float | None]:
+    """(perplexity, mean KL from ``reference`` | None): ingot's `perplexity` runs the model;
+    each batch's logits are compared with the reference's on the way."""
+    import torch
+
+    from ingot.pipeline.evaluate import perplexity
+
+    kl = [0.0, 0]  # summed in float64, predictions
+
+    def forward(batch: torch.Tensor) -> tuple[torch.Tensor]:
+        logits = model(batch)[0]
+        if reference is not None:
+            logq = torch.log_softmax(logits[:, :-1].float(), -1)
+            logp = torch.log_softmax(reference(batch)[0][:, :-1].float(), -1)
+            kl[0] += float((logp.exp() * (logp - logq)).sum(dtype=torch.float64))
+            kl[1] += logq.shape[0] * logq.shape[1]
+        return (logits,)
+
+    ppl = perplexity(forward, windows)
+    return ppl, (kl[0] / kl[1] if reference is not None else None)
 
 
 def _run(
@@ -239,18 +313,25 @@ def _run(
     else:
         cmd = [str(ctx["llmc_python"]), str(HERE / "quantize_llmc.py"), *common]
     saved = ctx["work"] / f"{tag}.row.json"
+    kind, path = ("ir", out) if tool == "ingot" else ("dense", out / "dense")
+    row = None
     if ctx["reuse"] and saved.exists() and f"{tool}-{method}" not in ctx["redo"]:
         row = json.loads(saved.read_text())
-        if row.get("ok") and (ctx["windows"] is None or "perplexity" in row):
+        scored = {*DOMAINS.values(), *KL.values()} <= row.keys()
+        if row.get("ok") and (ctx["windows"] is None or scored):
             print(f"[reused] {label} {setting} on {model.name}: {_brief(row)}", flush=True)
             return row
-    print(f"[{time.strftime('%H:%M:%S')}] {label} {setting} on {model.name} ...", flush=True)
-    row = {"label": label, "tool": tool, "method": method, "symmetric": symmetric}
-    row |= {"setting": setting, "bits": bits, "group_size": group, "model": model.name}
-    row |= _measured(cmd, result, ctx["work"] / f"{tag}.log")
+        if not (row.get("ok") and path.is_dir()):  # else only scored again, below
+            row = None
+    if row is None:
+        print(f"[{time.strftime('%H:%M:%S')}] {label} {setting} on {model.name} ...", flush=True)
+        row = {"label": label, "tool": tool, "method": method, "symmetric": symmetric}
+        row |= {"setting": setting, "bits": bits, "group_size": group, "model": model.name}
+        row |= _measured(cmd, result, ctx["work"] / f"{tag}.log")
+    else:
+        print(f"[scored again] {label} {setting} on {model.name} ...", flush=True)
     if row.get("ok") and ctx["windows"] is not None:
-        kind, path = ("ir", out) if tool == "ingot" else ("dense", out / "dense")
-        row["perplexity"] = _perplexity(kind, path, ctx["windows"])
+        row |= _perplexity(kind, path, ctx["windows"], ctx["reference"])
     if row.get("ok"):
         row.pop("trace", None)
     elif "trace" in row:
@@ -264,6 +345,8 @@ def _brief(row: dict[str, Any]) -> str:
     if not row.get("ok"):
         return f"FAILED: {row.get('error')}"
     ppl = f"ppl {row['perplexity']:.4f}, " if "perplexity" in row else ""
+    ppl += f"ood {row['perplexity_ood']:.3f}, " if "perplexity_ood" in row else ""
+    ppl += f"kl {row['kl']:.5f} / {row['kl_ood']:.5f}, " if "kl_ood" in row else ""
     return f"{ppl}{row['quantize_seconds']:.1f} s, peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB"
 
 
@@ -320,6 +403,14 @@ def main() -> None:
         help="perplexity text, held out of training (default: %(default)s)",
     )
     parser.add_argument(
+        "--ood-text",
+        type=lambda v: [Path(f) for f in v.split(",")],
+        default=list(OOD_FILES),
+        metavar="FILE[,FILE...]",
+        help="out-of-domain perplexity text, files joined by blank lines (default: "
+        "licences from /usr/share/common-licenses)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=len(os.sched_getaffinity(0)),
@@ -369,20 +460,24 @@ def run(args: argparse.Namespace) -> None:
     load_at_start = list(os.getloadavg())
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    from ingot.pipeline.model.load import load_model
+
     windows, eval_digest = _eval_windows(model, args.eval_text, args.max_windows)
+    ood_windows, ood = _ood_windows(model, args.ood_text, args.max_windows)
     ctx = {
         "work": work,
         "tokens": _calibration_tokens(work, args.samples, model, args.calib_text),
-        "windows": windows,
+        "windows": {"in": windows, "ood": ood_windows},
         "threads": args.threads,
         "llmc_python": args.llmc_python,
         "reuse": args.reuse,
         "redo": set(filter(None, args.redo.split(","))),
+        "reference": load_model(model).eval(),  # the fp32 model every row's KL is from
     }
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
-    baseline = _perplexity("dense", model, windows)
-    rows.append({"label": "fp32 baseline", "tool": "-", "setting": "-", "perplexity": baseline})
+    baseline = _perplexity("dense", model, ctx["windows"])
+    rows.append({"label": "fp32 baseline", "tool": "-", "setting": "-", **baseline})
     settings = args.settings.split(",")
     for setting in settings:
         for label, tool, method, symmetric in METHODS:
@@ -427,6 +522,7 @@ def run(args: argparse.Namespace) -> None:
             "seq_len": 256,
             "windows": int(windows.shape[0]),
         },
+        "evaluation_ood": ood,
         "rows": rows,
         "seed_spread": spread,
         "depth": depth,
@@ -457,26 +553,30 @@ def _seed_spread(args, settings, rows, ctx) -> list[dict[str, Any]]:
     gptq = [m for m in METHODS if m[2].startswith("gptq")]
     for setting in settings:
         for label, tool, method, symmetric in gptq:
-            first = _find(rows, label, setting) or {}
-            by_seed = {"0": first.get("perplexity")}
-            seconds = {"0": first.get("quantize_seconds")}
+            by_seed = {"0": _find(rows, label, setting) or {}}
             for seed in seeds:
                 tokens = _calibration_tokens(
                     ctx["work"], args.samples, args.model_dir, args.calib_text, seed
                 )
-                row = _run(label, tool, method, symmetric, setting, args.model_dir,
-                           {**ctx, "tokens": tokens, "seed": seed})  # fmt: skip
-                by_seed[str(seed)] = row.get("perplexity")
-                seconds[str(seed)] = row.get("quantize_seconds")
+                seed_ctx = {**ctx, "tokens": tokens, "seed": seed}
+                row = _run(label, tool, method, symmetric, setting, args.model_dir, seed_ctx)
+                by_seed[str(seed)] = row
             spread.append(
-                {
-                    "label": label,
-                    "setting": setting,
-                    "perplexity_by_seed": by_seed,
-                    "quantize_seconds_by_seed": seconds,
+                {"label": label, "setting": setting}
+                | {
+                    f"{key}_by_seed": {seed: row.get(key) for seed, row in by_seed.items()}
+                    for key in (*SEED_SCORES, "quantize_seconds")
                 }
             )
     return spread
+
+
+SEED_SCORES = {  # a row's key -> its line in the seed table
+    "perplexity": "pydoc ppl",
+    "perplexity_ood": "ood ppl",
+    "kl": "pydoc KL",
+    "kl_ood": "ood KL",
+}
 
 
 def _notes(rows: list[dict[str, Any]]) -> list[str]:
@@ -512,9 +612,9 @@ def _find(rows, label: str, setting: str) -> dict[str, Any] | None:
 def _targets(rows, depth, settings, spread=()) -> list[dict[str, Any]]:
     """Each target with its verdict: true, false, or null when a row it needs failed."""
 
-    def ppl(label, setting):
+    def ppl(label, setting, key="perplexity"):
         row = _find(rows, label, setting)
-        return row.get("perplexity") if row else None
+        return row.get(key) if row else None
 
     def secs(label, setting):
         row = _find(rows, label, setting)
@@ -529,6 +629,17 @@ def _targets(rows, depth, settings, spread=()) -> list[dict[str, Any]]:
         targets.append(
             {
                 "target": f"ingot GPTQ ppl <= llm-compressor GPTQ ppl ({s})",
+                "values": [gptq, llmc],
+                "met": verdict(gptq, llmc, lambda a, b: a <= b),
+            }
+        )
+        gptq, llmc = (
+            ppl(label, s, "perplexity_ood")
+            for label in ("ingot GPTQ (sym)", "llm-compressor GPTQ (sym)")
+        )
+        targets.append(
+            {
+                "target": f"ingot GPTQ ppl <= llm-compressor GPTQ ppl ({s}, out-of-domain)",
                 "values": [gptq, llmc],
                 "met": verdict(gptq, llmc, lambda a, b: a <= b),
             }
@@ -574,17 +685,18 @@ def _seed_targets(spread) -> list[dict[str, Any]]:
         )
         if not (ingot and llmc):
             continue
-        ppl = [_mean(r["perplexity_by_seed"].values()) for r in (ingot, llmc)]
         secs = [_median(r.get("quantize_seconds_by_seed", {}).values()) for r in (ingot, llmc)]
         n = len(ingot["perplexity_by_seed"])
-        targets.append(
-            {
-                "target": f"ingot GPTQ mean ppl over {n} seeds <= llm-compressor GPTQ's "
-                f"({setting})",
-                "values": ppl,
-                "met": None if None in ppl else ppl[0] <= ppl[1],
-            }
-        )
+        for key, what in SEED_SCORES.items():
+            ppl = [_mean(r.get(f"{key}_by_seed", {}).values()) for r in (ingot, llmc)]
+            targets.append(
+                {
+                    "target": f"ingot GPTQ mean {what} over {n} seeds <= llm-compressor GPTQ's "
+                    f"({setting})",
+                    "values": ppl,
+                    "met": None if None in ppl else ppl[0] <= ppl[1],
+                }
+            )
         targets.append(
             {
                 "target": f"ingot GPTQ median time over {n} seeds <= 0.7x llm-compressor GPTQ's "
@@ -616,7 +728,9 @@ def _peaks_by_model(depth) -> dict[str, list[float]]:
 
 def _markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
-    ev, cal = report["evaluation"], report["calibration"]
+    ev, cal, ood = report["evaluation"], report["calibration"], report["evaluation_ood"]
+    base = next(r for r in report["rows"] if r["tool"] == "-")
+    files = ", ".join(f"`{Path(f['path']).name}` ({f['sha256'][:12]})" for f in ood["files"])
     lines = [
         "# Quantization benchmark",
         "",
@@ -626,14 +740,22 @@ def _markdown(report: dict[str, Any]) -> str:
         f"{report['load_average']['end'][0]:.1f} at the end (other work on the host).",
         f"Model `{report['model']}`; calibration {cal['samples']} x {cal['seq_len']} tokens of "
         f"`{cal['dataset']}` (the same windows for both tools); perplexity on {ev['windows']} "
-        f"windows of {ev['seq_len']} tokens of `{ev['dataset']}` (fp32, ingot's harness).",
+        f"windows of {ev['seq_len']} tokens of `{ev['dataset']}` (held-out Python "
+        f"documentation: in-distribution) and on {ood['windows']} windows of {ood['seq_len']} "
+        f"tokens of out-of-domain {ood['dataset']}: {files} from "
+        f"`{Path(ood['files'][0]['path']).parent}` (sha256 prefixes), joined by blank lines "
+        "(fp32, ingot's harness). Δ: perplexity minus fp32's on the same text; KL: mean "
+        "KL(fp32 || quantized) per predicted token, in 1e-3 nats (how far the predictions moved "
+        "from the float model's, either way: out of domain, quantization noise can lower the "
+        "perplexity of an overconfident float model).",
         "W3 runs through the quantizers' Python API (recipes allow bits 4 | 8).",
         "",
-        "| method | setting | perplexity | quantize s | peak RSS MiB |",
-        "|---|---|---:|---:|---:|",
+        "| method | setting | pydoc-eval ppl | Δ | KL | out-of-domain ppl | Δ | KL "
+        "| quantize s | peak RSS MiB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["rows"]:
-        lines.append(_md_row(r))
+        lines.append(_md_row(r, base))
     if report["depth"]:
         lines += ["", "Peak RSS of ingot GPTQ W4 g128 by depth (same width 384):", ""]
         lines += ["| model | layers | quantize s (each run) | peak RSS MiB (each run) | median |"]
@@ -651,18 +773,27 @@ def _markdown(report: dict[str, Any]) -> str:
     if report.get("seed_spread"):
         seeds = sorted({k for r in report["seed_spread"] for k in r["perplexity_by_seed"]}, key=int)
         title = (
-            "GPTQ by calibration seed, perplexity (quantize s); seed 0 is the table above, "
-            "each other seed draws other windows of the calibration text:"
+            "GPTQ by calibration seed: perplexity on pydoc-eval (quantize s) and out of domain, "
+            "KL (1e-3 nats) on each; seed 0 is the table above, each other seed draws other "
+            "windows of the calibration text:"
         )
         lines += ["", title, ""]
-        lines += ["| method | setting | " + " | ".join(f"seed {k}" for k in seeds) + " | mean |"]
-        lines += ["|---|---|" + "---:|" * (len(seeds) + 1)]
+        lines += [
+            "| method | setting | text | " + " | ".join(f"seed {k}" for k in seeds) + " | mean |"
+        ]
+        lines += ["|---|---|---|" + "---:|" * (len(seeds) + 1)]
         for r in report["seed_spread"]:
-            values = [r["perplexity_by_seed"].get(k) for k in seeds]
             secs = [r.get("quantize_seconds_by_seed", {}).get(k) for k in seeds]
-            mean = "-" if _mean(values) is None else f"{_mean(values):.4f}"
-            cells = " | ".join(_ppl_and_seconds(v, t) for v, t in zip(values, secs, strict=True))
-            lines.append(f"| {r['label']} | {r['setting']} | {cells} | {mean} |")
+            for key, text in SEED_SCORES.items():
+                scale = 1e3 if key.startswith("kl") else 1  # KL in 1e-3 nats
+                values = [r.get(f"{key}_by_seed", {}).get(k) for k in seeds]
+                values = [None if v is None else v * scale for v in values]
+                mean = "-" if _mean(values) is None else f"{_mean(values):.4f}"
+                times = secs if key == "perplexity" else [None] * len(seeds)
+                cells = " | ".join(
+                    _ppl_and_seconds(v, t) for v, t in zip(values, times, strict=True)
+                )
+                lines.append(f"| {r['label']} | {r['setting']} | {text} | {cells} | {mean} |")
     lines += ["", *(f"- {n}" for n in report.get("notes", []))]
     lines += ["", "| target | values | met |", "|---|---|---|"]
     for t in report["targets"]:
@@ -678,15 +809,24 @@ def _ppl_and_seconds(ppl: float | None, seconds: float | None) -> str:
     return f"{ppl:.4f}" + ("" if seconds is None else f" ({seconds:.0f})")
 
 
-def _md_row(r: dict[str, Any]) -> str:
+def _md_row(r: dict[str, Any], base: dict[str, Any]) -> str:
+    cells = []
+    for domain, key in DOMAINS.items():
+        value, kl = r.get(key), r.get(KL[domain])
+        cells.append("-" if value is None else f"{value:.4f}")
+        delta = None if value is None or r is base else value - base[key]
+        cells.append("-" if delta is None else f"{delta:+.4f}")
+        cells.append("-" if kl is None else f"{kl * 1e3:.2f}")
     if r["tool"] == "-":
-        return f"| {r['label']} | - | {r['perplexity']:.4f} | - | - |"
+        return f"| {r['label']} | - | {' | '.join(cells)} | - | - |"
     if not r.get("ok"):
         error = str(r.get("error", "")).replace("|", "/")[:160]
-        return f"| {r['label']} | {r['setting']} | FAILED: {error} | | |"
-    ppl = f"{r['perplexity']:.4f}" if "perplexity" in r else "-"
+        return f"| {r['label']} | {r['setting']} | FAILED: {error} | | | | | | | |"
     rss = r["peak_rss_bytes"] / 2**20
-    return f"| {r['label']} | {r['setting']} | {ppl} | {r['quantize_seconds']:.1f} | {rss:.0f} |"
+    return (
+        f"| {r['label']} | {r['setting']} | {' | '.join(cells)} | "
+        f"{r['quantize_seconds']:.1f} | {rss:.0f} |"
+    )
 
 
 if __name__ == "__main__":
