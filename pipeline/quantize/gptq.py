@@ -15,9 +15,13 @@ layer-wise squared error, H = 2/n * sum x x^T over the calibration inputs x of t
 - Scale candidates (static groups narrower than a row): two are solved, the min-max range and
   the range minimizing sum |w - q(w)|^2.4 (GPTQ's `mse` grid). Rows are independent given H,
   so both are solved in one stacked pass and each output row keeps the candidate with the
-  smaller layer-wise error (W - Q) H (W - Q)^T. Per channel (one group per row), min-max
-  alone is used: in exploratory runs on pydoc-16m the per-row choice lowered perplexity at
-  g128 but raised it per channel, though it lowered the layer-wise error there too.
+  smaller layer-wise error (W - Q) H (W - Q)^T (``group_scales: best``; ``minmax`` keeps
+  llm-compressor's min-max scales, ``mse`` the other candidate). Per channel (one group per
+  row), min-max alone is used: in exploratory runs on pydoc-16m the per-row choice lowered
+  perplexity at g128 but raised it per channel, though it lowered the layer-wise error there
+  too. The choice is made on the calibration inputs, so it could overfit them; measured on
+  two checkpoints and an out-of-domain text it moves the predictions less than either
+  candidate alone in both domains (benchmarks/results/gptq_ablation.md).
 
 **Act order and export.** Act order with dynamic groups gives each group a scattered set of
 input channels (a non-trivial ``g_idx``), which a blocked ``DequantizeLinear`` cannot express
@@ -34,7 +38,7 @@ comes from a host-side list), so on a GPU it only queues kernels.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -44,6 +48,9 @@ from .rtn import mse_scales, quantize_weight, round_to_codes
 from .threads import solver_threads
 
 __all__ = ["gptq_quantize", "quantize_linear_gptq", "GptqError"]
+
+# Which static group scales GPTQ solves with (`gptq_quantize`, the recipe's `group_scales`).
+GroupScales = Literal["best", "minmax", "mse"]
 
 _DAMPING_RETRIES = 3
 
@@ -78,9 +85,12 @@ def gptq_quantize(
     static_groups: bool = True,
     dampening_frac: float = 0.01,
     block_size: int = 128,
+    group_scales: GroupScales = "best",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """weight [N, K], hessian [K, K] -> codes [N, K], scales [N, G], zero_points [N, G] | None,
     g_idx [K] | None (None: contiguous groups). Codes follow `quantize_weight`'s conventions.
+    ``group_scales`` (static groups narrower than a row): per row the "best" of two candidates
+    (module doc), or "minmax" alone (llm-compressor's), or "mse" alone.
     Computed on ``weight``'s device (``hessian`` is moved there if it is elsewhere)."""
     n, k = weight.shape
     g = k if group_size == -1 else group_size
@@ -100,14 +110,16 @@ def gptq_quantize(
             inverse = torch.argsort(order)
             g_idx = (torch.arange(k, device=device) // g)[inverse] if perm is not None else None
             return _pack(codes[:, inverse], scales, zeros, symmetric) + (g_idx,)
-        return _static(solve, w, h, order, bits, group_size, symmetric) + (None,)
+        return _static(solve, w, h, order, bits, group_size, symmetric, group_scales) + (None,)
 
 
-def _static(solve: _Solve, w, h, order, bits: int, group_size: int, symmetric: bool):
+def _static(
+    solve: _Solve, w, h, order, bits: int, group_size: int, symmetric: bool, choice: GroupScales
+):
     """Codes, scales, zeros with static parameters: each row's best candidate (module doc)."""
     n, k = w.shape
     g = solve.g
-    scales, zeros = _static_candidates(w, bits, group_size, symmetric)  # [C*N, G]
+    scales, zeros = _static_candidates(w, bits, group_size, symmetric, choice)  # [C*N, G]
     candidates = scales.shape[0] // n
     stacked = w.repeat(candidates, 1)  # [C*N, K]
     codes = solve.static(stacked[:, order], scales, zeros, order // g)
@@ -120,14 +132,16 @@ def _static(solve: _Solve, w, h, order, bits: int, group_size: int, symmetric: b
     return _pack(codes[pick], scales[pick], None if zeros is None else zeros[pick], symmetric)
 
 
-def _static_candidates(w, bits: int, group_size: int, symmetric: bool):
+def _static_candidates(w, bits: int, group_size: int, symmetric: bool, choice: GroupScales):
     """Scales [C*N, G] and zero points (float) | None: min-max, then, for groups narrower than a
-    row, the error-minimizing range (C = 2)."""
+    row and ``choice`` "best", the error-minimizing range (C = 2); "mse": that range alone."""
     _, scales, zeros = quantize_weight(w, bits, group_size, symmetric)
     zeros = None if zeros is None else zeros.to(torch.float32)
-    if scales.shape[1] == 1:  # one group per row: per channel
+    if scales.shape[1] == 1 or choice == "minmax":  # one group per row: per channel
         return scales, zeros
     mse, mse_zeros = mse_scales(w, bits, group_size, symmetric)
+    if choice == "mse":
+        return mse, None if symmetric else mse_zeros.float()
     return torch.cat((scales, mse)), None if symmetric else torch.cat((zeros, mse_zeros.float()))
 
 

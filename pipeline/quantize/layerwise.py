@@ -416,4 +416,5 @@ def _gptq(linear, hessian, bits: int, group_size: int, symmetric: bool, options:
         static_groups=options.static_groups,
         dampening_frac=options.dampening_frac,
         block_size=options.block_size,
+        group_scales=options.group_scales,
     )

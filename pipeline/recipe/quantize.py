@@ -122,6 +122,13 @@ class GptqQuantize(_IntegerWeights, _Strict):
     block_size: int = Field(
         default=128, ge=1, le=4096, description="Columns per lazy batch update."
     )
+    group_scales: Literal["best", "minmax", "mse"] = Field(
+        default="best",
+        description="Static group scales for groups narrower than a row: per output row the "
+        "better (smaller layer-wise error on the calibration inputs) of the min-max range and "
+        "the error-minimizing range ('best'), the min-max range alone (llm-compressor's), or "
+        "the error-minimizing range alone. Per channel min-max is always used.",
+    )
     true_sequential: bool = Field(
         default=True,
         description="Fit each group of a layer (q,k,v -> o -> gate,up -> down) to the inputs "

@@ -16,7 +16,7 @@ from ingot.pipeline.model.load import load_model
 from ingot.pipeline.model.qlinear import QuantizedLinear
 from ingot.pipeline.quantize.apply import quantize_model
 from ingot.pipeline.quantize.gptq import gptq_quantize, quantize_linear_gptq
-from ingot.pipeline.quantize.rtn import quantize_linear_rtn
+from ingot.pipeline.quantize.rtn import mse_scales, quantize_linear_rtn, quantize_weight
 from ingot.pipeline.recipe.quantize import quantize_entry
 
 from fixtures import make_checkpoint
@@ -99,6 +99,37 @@ def test_gptq_error_below_rtn(layer, bits, group_size, symmetric, actorder, stat
     assert (gptq.g_idx is not None) == scattered
     if scattered:
         assert sorted(torch.bincount(gptq.g_idx).tolist()) == [group_size] * (256 // group_size)
+
+
+def test_group_scales_pick_per_row_the_candidate_with_less_layer_wise_error(layer):
+    """ "minmax" keeps the min-max scales, "mse" the error-minimizing ones, and "best" takes
+    each row's scales from one of them: the one whose GPTQ solution has the smaller
+    (W - Q) H (W - Q)^T."""
+    linear, hessian, _, _ = layer
+    w = linear.weight.data
+    kwargs = dict(bits=4, group_size=32, symmetric=True)
+    solved = {
+        choice: gptq_quantize(w, hessian, group_scales=choice, **kwargs)
+        for choice in ("minmax", "mse", "best")
+    }
+    assert torch.equal(solved["minmax"][1], quantize_weight(w, 4, 32, True)[1])
+    assert torch.equal(solved["mse"][1], mse_scales(w, 4, 32, True)[0])
+
+    def row_errors(codes, scales):  # [N]
+        delta = codes.float() * scales.repeat_interleave(32, dim=1) - w  # symmetric: int8 codes
+        return ((delta @ hessian) * delta).sum(1)
+
+    errors = {c: row_errors(codes, scales) for c, (codes, scales, _, _) in solved.items()}
+    from_mse = (solved["best"][1] == solved["mse"][1]).all(1)
+    from_minmax = (solved["best"][1] == solved["minmax"][1]).all(1)
+    assert (from_mse | from_minmax).all() and from_mse.any() and from_minmax.any()
+    torch.testing.assert_close(errors["best"], torch.minimum(errors["minmax"], errors["mse"]))
+    # Per channel there is one candidate: the choice changes nothing.
+    per_channel = dict(bits=4, group_size=-1, symmetric=True)
+    assert torch.equal(
+        gptq_quantize(w, hessian, group_scales="mse", **per_channel)[0],
+        gptq_quantize(w, hessian, group_scales="minmax", **per_channel)[0],
+    )
 
 
 def test_lazy_block_updates_are_exact(layer):

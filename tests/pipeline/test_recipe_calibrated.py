@@ -48,12 +48,9 @@ def test_defaults(tmp_path):
     )
     gptq, awq = recipe.quantize
     assert isinstance(gptq, GptqQuantize) and isinstance(awq, AwqQuantize)
-    assert (gptq.actorder, gptq.static_groups, gptq.dampening_frac, gptq.block_size) == (
-        True,
-        True,
-        0.01,
-        128,
-    )
+    defaults = (gptq.actorder, gptq.static_groups, gptq.dampening_frac, gptq.block_size)
+    assert defaults == (True, True, 0.01, 128)
+    assert (gptq.group_scales, gptq.true_sequential) == ("best", True)
     assert gptq.symmetric and not awq.symmetric  # AWQ is asymmetric unless told otherwise
     assert recipe.calibration.seed == 0 and recipe.calibration.split == "train"
 
@@ -81,6 +78,11 @@ def test_defaults(tmp_path):
             "[{method: gptq, bits: 4, group_size: 32, dampening_frac: 0}]",
             CALIBRATION,
             ["quantize.0.dampening_frac"],
+        ),
+        (
+            "[{method: gptq, bits: 4, group_size: 32, group_scales: mean}]",
+            CALIBRATION,
+            ["quantize.0.group_scales", "'best', 'minmax' or 'mse'", "mean"],
         ),
         (
             "[{method: gptq, bits: 4, group_size: 32, blocksize: 64}]",
