@@ -52,7 +52,7 @@ sys.path.insert(0, str(HERE))  # sibling helper modules; benchmarks/ is not a pa
 
 from machine import LoadWatch, machine_info  # noqa: E402
 from paths import bench_cache_dir, data_dir, models_dir, write_report_files  # noqa: E402
-from quantize import _eval_windows  # noqa: E402  (its evaluation windows: consecutive, of 256)
+from quantize import _eval_windows, _evaluation  # noqa: E402  (consecutive windows of 256)
 
 DTYPES = ("fp32", "fp16", "int8", "fp8")
 TARGETS = {"int8": 0.5, "fp8": 1.0}  # max perplexity increase over fp32's, percent
@@ -85,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             "seq_len": 512,
             "seed": 0,
         },
-        "evaluation": {
-            "dataset": args.eval_text.name,
-            "text_sha256": eval_digest,
-            "seq_len": int(windows.shape[1]),
-            "windows": int(windows.shape[0]),
-        },
+        "evaluation": _evaluation(args.eval_text, eval_digest, windows),
         "budget_bytes": args.budget_mib << 20,
         "seq_len": args.seq_len,
         "block_size": BLOCK_SIZE,

@@ -227,6 +227,16 @@ def _eval_windows(model: Path, eval_text: Path, max_windows: int | None):
     return token_windows(ids, 256, max_windows), text.sha256
 
 
+def _evaluation(eval_text: Path, digest: str, windows: np.ndarray) -> dict[str, Any]:
+    """The report's description of the in-domain perplexity windows [W, T]."""
+    return {
+        "dataset": eval_text.name,
+        "text_sha256": digest,
+        "seq_len": int(windows.shape[1]),
+        "windows": int(windows.shape[0]),
+    }
+
+
 def _ood_windows(model: Path, files: list[Path], max_windows: int | None):
     """The out-of-domain windows: ``files`` (plain text) joined by blank lines; with the
     description the report records (each file's path and sha256, the joined text's)."""
@@ -516,12 +526,7 @@ def run(args: argparse.Namespace) -> None:
             "seq_len": 512,
             "seed": 0,
         },
-        "evaluation": {
-            "dataset": args.eval_text.name,
-            "text_sha256": eval_digest,
-            "seq_len": 256,
-            "windows": int(windows.shape[0]),
-        },
+        "evaluation": _evaluation(args.eval_text, eval_digest, windows),
         "evaluation_ood": ood,
         "rows": rows,
         "seed_spread": spread,
