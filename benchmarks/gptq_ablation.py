@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE))  # sibling helper modules; benchmarks/ is not a pa
 import quantize as bench  # noqa: E402
 from paths import data_dir, models_dir, portable_report  # noqa: E402
 
-# ingot's GPTQ as it was when this ablation began (the recipe's defaults then), spelled out so
+# ingot's GPTQ defaults (the recipe's, which this ablation left unchanged), spelled out so
 # that the rows keep their meaning whatever the defaults become.
 BASE_FIELDS = {
     "actorder": True,
@@ -52,7 +52,7 @@ BASE_FIELDS = {
 # name -> (what changes against the base, recipe fields over the base's).
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "default": (
-        "ingot's GPTQ before this ablation: true-sequential, act order with static groups, "
+        "ingot's GPTQ defaults: true-sequential, act order with static groups, "
         "per-row choice of min-max or error-minimizing group scales, dampening 0.01, block 128",
         {},
     ),
