@@ -21,7 +21,7 @@ layer-wise squared error, H = 2/n * sum x x^T over the calibration inputs x of t
   perplexity at g128 but raised it per channel, though it lowered the layer-wise error there
   too. The choice is made on the calibration inputs, so it could overfit them; measured on
   two checkpoints and an out-of-domain text it moves the predictions less than either
-  candidate alone in both domains (benchmarks/results/gptq_ablation.md).
+  candidate alone in both domains (benchmarks/results/gptq_ablation-*.md).
 
 **Act order and export.** Act order with dynamic groups gives each group a scattered set of
 input channels (a non-trivial ``g_idx``), which a blocked ``DequantizeLinear`` cannot express
