@@ -8,7 +8,9 @@ first: penalties, logit_bias, min_tokens, structured output), which is detokeniz
 against its stop conditions.
 
 With speculation (runtime/speculative/), the decode call also verifies drafts: each request's
-last token and up to k drafted tokens go in (slots reserved for all of them), the logits of
+last token and up to k drafted tokens go in (slots reserved for all of them; k is cut so that
+the call, padded to its longest row, fits what the scheduled tokens left of
+`max_num_batched_tokens`, and a step with no room does not draft), the logits of
 every row come out, and the rows are read in order: row i either accepts draft i+1 (greedy:
 it is the argmax; sampled: `sample_verified`, so the output distribution is the target's) or
 emits its own token and ends the request's step; a row past every accepted draft emits the
@@ -248,7 +250,9 @@ class Generator:
             if self.has_unfinished():
                 raise OutOfBlocks("no request could be scheduled: the KV pool is held elsewhere")
             return []
-        outputs = self._decode(plan.decode) if plan.decode else []
+        # Drafts ride in the decode call: they get what the scheduled tokens left of the budget.
+        spare = self.scheduler.max_num_batched_tokens - plan.num_batched_tokens
+        outputs = self._decode(plan.decode, spare) if plan.decode else []
         return outputs + (self._run(plan.prefill, observe=True) if plan.prefill else [])
 
     def generate(
@@ -334,24 +338,31 @@ class Generator:
                 self._retire_if_finished(req)
         return outputs
 
-    def _decode(self, chunks: list[Chunk]) -> list[StepOutput]:
-        """The decode call: plain, or verifying drafts when this step speculates; with
-        speculation on, the step is timed (whether drafting pays is measured, step_rate.py)."""
+    def _decode(self, chunks: list[Chunk], spare: int) -> list[StepOutput]:
+        """The decode call: plain, or verifying drafts when this step speculates (within
+        `spare` more tokens of the step's budget); with speculation on, the step is timed
+        (whether drafting pays is measured, step_rate.py)."""
         spec = self.speculation
         if spec is None:
             return self._run(chunks)
         started = time.perf_counter()
-        drafting = spec.step_drafts(len(chunks))
-        outputs = self._speculate(chunks) if drafting else self._run(chunks)
+        # The verification call is padded to its longest row: S rows of 1 + k tokens.
+        most = (len(chunks) + spare) // len(chunks) - 1
+        drafting = most > 0 and spec.step_drafts(len(chunks))
+        outputs = self._speculate(chunks, most) if drafting else self._run(chunks)
         spec.rates.record(len(chunks), drafting, len(outputs), time.perf_counter() - started)
         return outputs
 
-    def _speculate(self, chunks: list[Chunk]) -> list[StepOutput]:
-        """Draft for every request that may, then verify (a plain call if none drafted)."""
+    def _speculate(self, chunks: list[Chunk], most: int) -> list[StepOutput]:
+        """Draft up to `most` tokens for every request that may, then verify (a plain call if
+        none drafted)."""
         spec = self.speculation
         assert spec is not None
         reqs = [self._requests[c.seq.id] for c in chunks]
-        ks = [self._reserve_drafts(req, spec.policy.num_drafts(req.drafting)) for req in reqs]
+        ks = [
+            self._reserve_drafts(req, min(most, spec.policy.num_drafts(req.drafting)))
+            for req in reqs
+        ]
         drafts = spec.drafter.propose([r.seq for r in reqs], ks)
         for chunk, k, draft in zip(chunks, ks, drafts, strict=True):
             if len(draft) < k:  # slots reserved for drafts that did not come

@@ -72,6 +72,12 @@ class SchedulerOutput:
     def __bool__(self) -> bool:
         return bool(self.decode or self.prefill)
 
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens the step's calls hold as the engine sees them: the decodes plus the
+        prefill call padded to its longest chunk (what the token budget counts)."""
+        return len(self.decode) + len(self.prefill) * _longest(self.prefill)
+
 
 class Scheduler:
     """Waiting and running queues over one KV pool; blocks are allocated as it schedules."""

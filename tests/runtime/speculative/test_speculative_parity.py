@@ -62,9 +62,13 @@ def test_ngram_greedy_equals_plain(artifact, plain, caching, kv_cache_blocks, bu
         speculative_config={"method": "ngram", "num_speculative_tokens": 3, **ALWAYS},
     )
     generator = model.generator()
+    calls = _count_call_tokens(generator)
     for _ in range(2):  # the second round finds the first one's prompts in the cache
         completions = generator.generate(PROMPTS, GREEDY)
         assert [c.token_ids for c in completions] == plain
+    # Drafts count against the token budget: no call, verification included, exceeds it
+    # (at 8, four requests verifying three drafts each would be 16).
+    assert max(calls) <= budget
     stats = generator.speculation.stats
     assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
     assert stats.num_accepted_tokens < stats.num_draft_tokens  # rejections were exercised
@@ -72,6 +76,26 @@ def test_ngram_greedy_equals_plain(artifact, plain, caching, kv_cache_blocks, bu
         assert generator.stats().num_preemptions > 0
     # Every reserved slot of a rejected draft went back.
     assert model.pool.allocator.num_free == model.pool.num_blocks
+
+
+class _CountingSession:
+    """An engine session that records the tokens of every call, padding included."""
+
+    def __init__(self, session) -> None:
+        self.session, self.calls = session, []
+
+    def run(self, inputs):
+        self.calls.append(int(inputs.input_ids.size))
+        return self.session.run(inputs)
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def _count_call_tokens(generator) -> list[int]:
+    """The tokens of every engine call `generator` makes from now on."""
+    generator.session = _CountingSession(generator.session)
+    return generator.session.calls
 
 
 def test_each_request_alone_equals_plain(artifact, plain):
