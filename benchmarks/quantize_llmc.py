@@ -18,6 +18,7 @@ import argparse
 import json
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -117,16 +118,26 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = p.parse_args()
     result: dict = {"tool": "llm-compressor"}
-    try:
+
+    def work() -> None:
         modifier = _modifier(args.method, args.bits, args.group_size, not args.asymmetric)
         model = run_oneshot(args.model, args.tokens, modifier, args.threads, result)
         compressed = Path(args.out) / "compressed"
         model.save_pretrained(compressed, save_compressed=True)
         _decompress(compressed, Path(args.out) / "dense")
+
+    write_result(args.result, result, work)
+
+
+def write_result(path: str, result: dict, work: Callable[[], None]) -> None:
+    """Run `work` (which fills `result`), record its success or its failure (the benchmark
+    reports every failure as such), then write `result` as JSON to `path`."""
+    try:
+        work()
         result["ok"] = True
-    except Exception as e:  # noqa: BLE001 - the benchmark records every failure as such
+    except Exception as e:  # noqa: BLE001
         result.update(ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc())
-    Path(args.result).write_text(json.dumps(result, indent=2) + "\n")
+    Path(path).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,9 @@ targets, summed in float64, batches of 8.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import traceback
-from pathlib import Path
 
-from quantize_llmc import run_oneshot  # the same oneshot call as the quantize benchmark
+from quantize_llmc import run_oneshot, write_result  # the quantize benchmark's
 
 SCHEMES = ("w8a8", "w8a8-rtn", "fp8-dynamic")
 
@@ -38,6 +35,8 @@ def _recipe(scheme: str) -> list:
 
 
 def _perplexity(model, windows, batch_size: int = 8) -> float:
+    """ingot's formula (pipeline/evaluate/perplexity.py) restated: this runs in llm-compressor's
+    virtualenv, where ingot is not installed."""
     import torch
 
     total, scored = 0.0, 0
@@ -79,17 +78,16 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args()
     result: dict = {"tool": "llm-compressor", "scheme": args.scheme}
-    try:
+
+    def work() -> None:
         import numpy as np
 
         model = run_oneshot(args.model, args.tokens, _recipe(args.scheme), args.threads, result)
         result["input_activations"] = _input_schemes(model)
         windows = np.load(args.windows)
         result["perplexity"] = {name: _perplexity(model, windows[name]) for name in windows.files}
-        result["ok"] = True
-    except Exception as e:  # noqa: BLE001 - the benchmark records every failure as such
-        result.update(ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc())
-    Path(args.result).write_text(json.dumps(result, indent=2) + "\n")
+
+    write_result(args.result, result, work)
 
 
 if __name__ == "__main__":

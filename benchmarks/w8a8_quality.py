@@ -222,10 +222,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.out_dir = (
             Path(tempfile.gettempdir()) / "ingot-w8a8q" if args.quick else HERE / "results"
         )
-    if args.rows is not None:
-        args.rows = args.rows.split(";")  # row names hold commas
-    if args.llmc_rows is not None:
-        args.llmc_rows = args.llmc_rows.split(",")
+    # Row names hold commas, so --rows is split on semicolons.
+    for flag, sep, known in (("rows", ";", INGOT_ROWS), ("llmc_rows", ",", LLMC_ROWS.values())):
+        if getattr(args, flag) is None:
+            continue
+        values = getattr(args, flag).split(sep)
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            parser.error(f"--{flag.replace('_', '-')}: unknown {unknown} (known: {list(known)})")
+        setattr(args, flag, values)
     return args
 
 
