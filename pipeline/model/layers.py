@@ -55,6 +55,16 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rotary(k, cos, sin), v
 
+    def stored_kv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [B, T, hidden] -> K (rotated) and V as the pool holds them, [B, Hkv, T, D] each:
+        rounded to the pool's codes' values with a quantized KV cache."""
+        k, v = self.project_kv(x, cos, sin)
+        if self.kv_quant is not None:
+            k, v = self.kv_quant(k, v)
+        return k, v
+
     def forward(
         self,
         x: torch.Tensor,
@@ -68,9 +78,7 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         q = apply_rotary(q, cos, sin)  # [B, H, T, D]
-        k, v = self.project_kv(x, cos, sin)  # [B, Hkv, T, D]
-        if self.kv_quant is not None:
-            k, v = self.kv_quant(k, v)  # the values the pool's codes stand for
+        k, v = self.stored_kv(x, cos, sin)  # [B, Hkv, T, D]
         if past is not None:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
         groups = self.num_heads // self.num_kv_heads
@@ -102,6 +110,13 @@ class DecoderLayer(nn.Module):
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+
+    def stored_kv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K/V `forward` returns for x [B, T, hidden], [B, Hkv, T, D] each, without
+        computing the rest of the layer (attention, o_proj, MLP)."""
+        return self.attn.stored_kv(self.attn_norm(x), cos, sin)
 
     def forward(self, x, cos, sin, mask, past=None):
         h, kv = self.attn(self.attn_norm(x), cos, sin, mask, past)

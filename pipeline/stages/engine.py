@@ -10,7 +10,8 @@ At `matmul_accuracy_level: 4` (int8 activations) that check can only be loose (0
 logit scale: it catches gross errors, not one layer's swapped heads), so first the same
 exported graph is optimized in memory at the target's level with MatMulNBits at accuracy
 level 0 (fp32 activations; not saved) and checked exactly: the same fusions, exact numbers.
-Its report is ``check.json``'s ``exact_check``.
+Its report is ``check.json``'s ``exact_check``. The IR's side of the comparison is computed
+once, by the exact check, and the engine's check reuses it (`GraphCheck`).
 
 One session holds the weights at a time: the exact check's session is released before the
 engine is built, the optimizing one before the checked one opens. A mismatch raises
@@ -29,7 +30,7 @@ from ..engines.onnxruntime import (
     load_onnxruntime_engine,
     ort_optimization_level,
 )
-from ..export.check import check_graph, session_options
+from ..export.check import GraphCheck, session_options
 from ..export.errors import ExportError
 from ..quantize.ir_layers import IRLayers
 from ..recipe.targets import Target
@@ -56,9 +57,11 @@ def run_engine(export_dir: Path, ir_dir: Path, target: Target, out: Path) -> Non
     report) into ``out``."""
     if target.engine != "onnxruntime":  # the recipe's union admits only built engines
         raise ValueError(f"targets: engine {target.engine!r} has no builder")
+    # One IR reference for both checks of a level-4 target (`GraphCheck`): exact first.
+    check_ir = GraphCheck(rounding_as_exported(IRLayers(ir_dir), export_dir))
     exact = None
     if check_accuracy(target) != "exact":
-        exact = _exact_check(export_dir, ir_dir, target)
+        exact = _exact_check(export_dir, check_ir, target)
     record = build_onnxruntime_engine(
         export_dir / "model.onnx",
         out,
@@ -68,8 +71,7 @@ def run_engine(export_dir: Path, ir_dir: Path, target: Target, out: Path) -> Non
     )
     session = load_onnxruntime_engine(out / Path(record["path"]).name, record["session_options"])
     try:
-        reference = rounding_as_exported(IRLayers(ir_dir), export_dir)
-        check = check_graph(reference, session, accuracy=check_accuracy(target))
+        check = check_ir(session, accuracy=check_accuracy(target))
     finally:
         del session  # the weights go before anything else is written
         gc.collect()
@@ -79,8 +81,8 @@ def run_engine(export_dir: Path, ir_dir: Path, target: Target, out: Path) -> Non
     _write_json(out / CHECK_REPORT, check)
 
 
-def _exact_check(export_dir: Path, ir_dir: Path, target: Target) -> dict[str, Any]:
-    """`check_graph` "exact" on the exported graph optimized in memory as the target optimizes
+def _exact_check(export_dir: Path, check_ir: GraphCheck, target: Target) -> dict[str, Any]:
+    """`check_ir` "exact" on the exported graph optimized in memory as the target optimizes
     it, but with MatMulNBits at accuracy level 0 (fp32 activations); nothing is written."""
     import onnxruntime as ort
 
@@ -91,8 +93,7 @@ def _exact_check(export_dir: Path, ir_dir: Path, target: Target) -> dict[str, An
     onnx_path = export_dir / "model.onnx"
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     try:
-        reference = rounding_as_exported(IRLayers(ir_dir), export_dir)
-        return check_graph(reference, session, accuracy="exact")
+        return check_ir(session, accuracy="exact")
     except ExportError as e:
         raise ExportError(
             f"engine {engine_name(target)}: the exact check (the graph at MatMulNBits accuracy "

@@ -19,7 +19,8 @@ from ingot.pipeline.build import build
 from ingot.pipeline.cache import StageCache
 from ingot.pipeline.engines.onnxruntime import build_onnxruntime_engine, load_onnxruntime_engine
 from ingot.pipeline.export import ExportError
-from ingot.pipeline.export.check import check_graph
+from ingot.pipeline.export import check as check_module
+from ingot.pipeline.export.check import GraphCheck, check_graph
 from ingot.pipeline.quantize.ir_layers import IRLayers
 from ingot.pipeline.recipe.targets import OnnxRuntimeTarget
 from ingot.pipeline.stages import engine as engine_stage
@@ -70,38 +71,44 @@ def test_level_4_is_checked_exactly_first_then_as_the_runtime_loads_it(
 ):
     import onnxruntime as ort
 
-    seen, sessions = [], []
-    real = engine_stage.check_graph
+    seen, sessions, references = [], [], []
+    real, real_reference = GraphCheck.__call__, check_module._reference
 
-    def spy(source, session, **kwargs):
+    def spy(self, session, **kwargs):
         options = session.get_session_options()
-        seen.append((source, str(session._model_path), options, kwargs))
+        seen.append((self, str(session._model_path), options, kwargs))
         sessions.append(weakref.ref(session))
-        return real(source, session, **kwargs)
+        return real(self, session, **kwargs)
+
+    def reference(*args, **kwargs):
+        references.append(len(args))  # not the args: they hold the session's pool
+        return real_reference(*args, **kwargs)
 
     def load(*args, **kwargs):
         gc.collect()
         assert all(ref() is None for ref in sessions)  # the exact check's session is gone
         return load_onnxruntime_engine(*args, **kwargs)
 
-    monkeypatch.setattr(engine_stage, "check_graph", spy)
+    monkeypatch.setattr(GraphCheck, "__call__", spy)
+    monkeypatch.setattr(check_module, "_reference", reference)
     monkeypatch.setattr(engine_stage, "load_onnxruntime_engine", load)
     cache = StageCache(tmp_path / "cache")
     target = {"engine": "onnxruntime", "matmul_accuracy_level": 4}
     recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, targets=[target])
     result = build(recipe, tmp_path / "a", cache=cache)
-    (exact_source, exact_file, exact_options, exact_kwargs), engine_call = seen
+    (exact_check, exact_file, exact_options, exact_kwargs), engine_call = seen
     # First the exported graph, optimized in memory at the target's level, fp32 activations.
-    assert isinstance(exact_source, IRLayers) and exact_kwargs == {"accuracy": "exact"}
+    assert isinstance(exact_check.source, IRLayers) and exact_kwargs == {"accuracy": "exact"}
     assert Path(exact_file) == _entry(cache, result, "export") / "model.onnx"
     assert exact_options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     key = "session.qdq_matmulnbits_accuracy_level"
     assert exact_options.get_session_config_entry(key) == "0"
     assert not exact_options.optimized_model_filepath  # nothing written
     # Then the engine that ships, as the runtime opens it (no re-optimization).
-    source, engine_file, options, kwargs = engine_call
+    engine_check, engine_file, options, kwargs = engine_call
     assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    assert isinstance(source, IRLayers)
+    # against the same IR reference, computed once (by the exact check)
+    assert engine_check is exact_check and len(references) == 1
     assert Path(engine_file).name == "model.onnx" and "/stages/engine/.tmp-" in engine_file
     assert kwargs == {"accuracy": "int8_activations"}
 
