@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 
 import ml_dtypes
 import numpy as np
+import torch
 from onnx import TensorProto, helper
 
 __all__ = ["GraphBuilder", "pack_int4"]
@@ -19,6 +20,11 @@ __all__ = ["GraphBuilder", "pack_int4"]
 # Large tensors start on a page boundary so ORT can mmap them; small ones on a cache line.
 _PAGE, _LINE, _PAGE_ALIGN_FROM = 4096, 64, 1 << 20
 _BLOCK_BYTES = 32 << 20  # rows copied (transposed, packed) at a time by `rows` and `int4`
+
+# numpy dtypes `_contiguous` copies through torch (which has no FP8 numpy interop)
+_TORCH_COPYABLE = {
+    np.dtype(t) for t in (np.float32, np.float16, np.float64, np.int8, np.uint8, np.int32, np.int64)
+}
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
 
@@ -49,7 +55,17 @@ def _row_blocks(value: np.ndarray, multiple: int) -> Iterator[np.ndarray]:
     row_bytes = max(1, value[0].nbytes)
     step = max(multiple, _BLOCK_BYTES // row_bytes // multiple * multiple)
     for start in range(0, value.shape[0], step):
-        yield _little_endian(np.ascontiguousarray(value[start : start + step]))
+        yield _little_endian(_contiguous(value[start : start + step]))
+
+
+def _contiguous(value: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of a strided view (a transpose's rows). torch's blocked copy is
+    ~4x numpy's element-strided one on a [K, N] int8 transpose, the bulk of an export."""
+    if value.flags.c_contiguous:
+        return value
+    if value.dtype.byteorder == ">" or value.dtype not in _TORCH_COPYABLE:
+        return np.ascontiguousarray(value)
+    return torch.from_numpy(value).contiguous().numpy()
 
 
 def _little_endian(value: np.ndarray) -> np.ndarray:

@@ -80,14 +80,17 @@ class QuantizedLinear(nn.Module):
 
     def dequantize(self) -> torch.Tensor:
         """The float weight [N, K] these codes stand for."""
-        codes = self.codes.to(torch.float32)
+        codes = self.codes.to(torch.float32, copy=True)  # [N, K], scaled in place below
         zeros = 0.0 if self.zero_points is None else self.zero_points.to(torch.float32)
         if self.g_idx is None:
+            # In place: the same two operations as (codes - zeros) * scales, bit for bit, with
+            # no [N, K] temporary (a 1B model's check dequantizes every layer).
             n, k = codes.shape
             groups = codes.view(n, k // self.group_size, self.group_size)  # [N, G, g]
             if self.zero_points is not None:
-                zeros = zeros[..., None]
-            return ((groups - zeros) * self.scales[..., None]).view(n, k)
+                groups.sub_(zeros[..., None])
+            groups.mul_(self.scales[..., None])
+            return codes
         # Arbitrary channel -> group assignment (act-order): gather each channel's group.
         scales = self.scales[:, self.g_idx]  # [N, K]
         if self.zero_points is not None:
