@@ -67,7 +67,8 @@ def build(recipe_path: str, out: str | None, cache_dir: str | None, as_json: boo
     click.echo(f"digest    {result.digest}")
     for run in result.stages:
         state = "cached" if run.cached else "built"
-        click.echo(f"  {run.stage:<28} {state:<7} {run.seconds:7.2f}s")
+        peak = "" if run.peak_rss_bytes is None else f"  peak {run.peak_rss_bytes / 2**30:5.2f} GiB"
+        click.echo(f"  {run.stage:<28} {state:<7} {run.seconds:7.2f}s{peak}")
 
 
 @main.command()

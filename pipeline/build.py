@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from .cache import StageCache, directory_digest, stage_key
+from .cache import StageCache, stage_key
 from .chat_template import recipe_chat_template
 from .draft import resolve_draft
 from .evaluate import (
@@ -39,6 +39,7 @@ from .quantize.layerwise import needs_calibration
 from .recipe import Quantize, Recipe, RecipeError, load_recipe
 from .resources import calibration_device, check_resources, require_resources
 from .source import ResolvedSource, resolve_source
+from .stage_memory import StagePeak
 from .stages.calibrate import PreparedCalibration, prepare_calibration
 from .stages.engine import CHECK_REPORT, ENGINE_RECORD, engine_name, run_engine
 from .stages.evaluate import run_evaluate
@@ -58,6 +59,7 @@ class StageRun:
     cached: bool
     seconds: float
     digest: str
+    peak_rss_bytes: int | None = None  # the process's peak during the stage (stage_memory.py)
 
 
 @dataclass(slots=True)
@@ -134,18 +136,23 @@ def build(
     require_resources(check)  # unless $INGOT_SKIP_RESOURCE_CHECK=1
     versions = tool_versions()
     runs: list[StageRun] = []
+    known_digests: dict[Path, str] = {}  # every stage file's sha256, as the cache verified it
     report = on_stage or (lambda stage, event: None)
+    peak = StagePeak()
 
     def stage(
         name: str, slice_: Any, inputs: dict[str, str], produce, resumable: bool = False
     ) -> tuple[Path, str]:
         key = stage_key(name.split(":")[0], slice_, inputs, versions)
         report(name, "start")
+        peak.start()
         started = time.perf_counter()
         hit = cache.get(name.split(":")[0], key)
         path = hit or cache.put(name.split(":")[0], key, produce, resumable=resumable)
-        digest, _ = directory_digest(path)
-        runs.append(StageRun(name, key, hit is not None, time.perf_counter() - started, digest))
+        digest = cache.digest(path)
+        known_digests.update(cache.file_digests(path))
+        seconds = time.perf_counter() - started
+        runs.append(StageRun(name, key, hit is not None, seconds, digest, peak.peak()))
         report(name, "cached" if hit else "done")
         return path, digest
 
@@ -225,6 +232,7 @@ def build(
         draft_cfg = draft.cfg if draft is not None else None
         fields["speculative"] = speculative_fields(recipe, draft_cfg, drafted)
     report("package", "start")
+    peak.start()
     started = time.perf_counter()
     _, digest = run_package(
         out_dir,
@@ -237,8 +245,10 @@ def build(
         extra_dirs=extra_dirs,
         sign_key=sign_key,
         chat_template=chat_template,
+        known_digests=known_digests,
     )
-    runs.append(StageRun("package", "", False, time.perf_counter() - started, digest))
+    seconds = time.perf_counter() - started
+    runs.append(StageRun("package", "", False, seconds, digest, peak.peak()))
     report("package", "done")
     return BuildResult(out_dir, digest, runs)
 

@@ -7,6 +7,12 @@
 
 A failed or interrupted stage leaves only a temp directory behind, never a half-written entry,
 so the cache and earlier artifacts stay intact.
+
+Each entry records the digests of its files when it was written (``.digest``). A hit
+re-hashes the entry (which the build needs anyway, for the stages downstream): one that no
+longer matches its record (a file edited in place) is discarded and rebuilt, never served. The
+package stage copies an entry's files without hashing them again: their digests are the ones
+this build verified.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +56,15 @@ def directory_digest(root: Path) -> tuple[str, dict[str, str]]:
     return "sha256:" + hashlib.sha256(blob).hexdigest(), files
 
 
+_DIGEST = ".digest"  # an entry's directory_digest, taken when it was written
+
+
+def _record(entry: Path) -> str:
+    """What ``.digest`` holds for ``entry``: its digest and its files' sha256, as JSON."""
+    digest, files = directory_digest(entry)
+    return json.dumps({"digest": digest, "files": files}, sort_keys=True, indent=1) + "\n"
+
+
 class StageCache:
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root) if root else default_cache_dir()
@@ -57,8 +73,38 @@ class StageCache:
         return self.root / "stages" / stage / key
 
     def get(self, stage: str, key: str) -> Path | None:
+        """The finished entry, if there is one and its files are still those it was written
+        with; one that changed since is discarded (module docstring)."""
         entry = self.path(stage, key)
-        return entry if (entry / ".complete").exists() else None
+        if not (entry / ".complete").exists():
+            return None
+        measured = _record(entry)
+        recorded = entry / _DIGEST
+        if not recorded.exists():  # written before entries recorded their digests
+            recorded.write_text(measured)
+        elif recorded.read_text() != measured:
+            warnings.warn(
+                f"stage cache entry {entry} changed since it was written: discarded, the "
+                "stage runs again",
+                stacklevel=2,
+            )
+            self._discard(entry)
+            return None
+        return entry
+
+    def digest(self, entry: Path) -> str:
+        """The digest of an entry `get` or `put` returned, as they verified or took it."""
+        return json.loads((entry / _DIGEST).read_text())["digest"]
+
+    def file_digests(self, entry: Path) -> dict[Path, str]:
+        """{file: sha256} of an entry `get` or `put` returned, as they verified or took it."""
+        files = json.loads((entry / _DIGEST).read_text())["files"]
+        return {entry / rel: sha for rel, sha in files.items()}
+
+    def _discard(self, entry: Path) -> None:
+        doomed = entry.with_name(f".discarded-{entry.name}-{os.getpid()}")
+        os.replace(entry, doomed)  # out of the way at once; a concurrent build sees no entry
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def work_dir(self, stage: str, key: str) -> Path:
         """A stable directory for ``stage``'s checkpoints under ``key``, kept across crashes."""
@@ -84,6 +130,7 @@ class StageCache:
                 produce(tmp, self.work_dir(stage, key))
             else:
                 produce(tmp)
+            (tmp / _DIGEST).write_text(_record(tmp))
             (tmp / ".complete").write_text("")
             if final.exists():  # a concurrent build won the race with the same outputs
                 shutil.rmtree(tmp)

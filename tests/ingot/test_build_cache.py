@@ -30,6 +30,24 @@ def test_rebuild_does_no_stage_work(tmp_path, tiny_checkpoint):
     assert again.digest == first.digest
 
 
+def test_an_entry_edited_in_place_is_not_served(tmp_path, tiny_checkpoint):
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint)
+    cache = StageCache(tmp_path / "cache")
+    first = build(recipe, tmp_path / "a", cache=cache)
+    export = next(s for s in first.stages if s.stage == "export")
+    data = cache.path("export", export.key) / "model.onnx.data"
+    with open(data, "r+b") as f:  # one byte flipped, size and name unchanged
+        byte = f.read(1)
+        f.seek(0)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.warns(UserWarning, match="changed since it was written"):
+        again = build(recipe, tmp_path / "b", cache=cache)
+    cached = {s.stage: s.cached for s in again.stages}
+    assert cached["quantize"] and not cached["export"]
+    assert again.digest == first.digest  # rebuilt as it was
+    assert read_manifest(again.artifact) == read_manifest(first.artifact)
+
+
 def test_changing_export_reruns_only_export_and_engine(tmp_path, tiny_checkpoint):
     cache = StageCache(tmp_path / "cache")
     build(write_recipe(tmp_path / "r.yaml", tiny_checkpoint), tmp_path / "a", cache=cache)

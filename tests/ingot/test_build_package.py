@@ -1,5 +1,6 @@
-"""Packaging copies each file with its sha256 taken on the way: nothing copied is read again
-to be hashed, and the manifest's digests are the files'."""
+"""Packaging reads no file twice: a stage's files are copied with the digests the stage cache
+verified in this build, the others with their sha256 taken on the way; the manifest's digests
+are the files'."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from ingot.artifacts import manifest as manifest_module
 from ingot.artifacts import verify_artifact
 from ingot.pipeline.build import build
 from ingot.pipeline.cache import StageCache
+from ingot.pipeline.stages import package as package_module
 
 from fixtures import write_recipe
 
@@ -21,7 +23,15 @@ def test_package_hashes_while_copying(tmp_path, tiny_checkpoint, monkeypatch):
         hashed.append(Path(path).name)
         return real(path)
 
+    copied: list[str] = []
+    real_copy = package_module.copy_file_sha256
+
+    def copying(src, dst):
+        copied.append(Path(dst).name)
+        return real_copy(src, dst)
+
     monkeypatch.setattr(manifest_module, "sha256_file", recording)
+    monkeypatch.setattr(package_module, "copy_file_sha256", copying)
     result = build(
         write_recipe(tmp_path / "r.yaml", tiny_checkpoint),
         tmp_path / "a",
@@ -29,6 +39,8 @@ def test_package_hashes_while_copying(tmp_path, tiny_checkpoint, monkeypatch):
     )
     # Only what package writes itself is hashed after the fact; copies were hashed on the way.
     assert sorted(hashed) == ["chat_template.jinja", "ingot.lock"]
+    # Stage outputs (the graph, the engine) came with the cache's digests: none hashed again.
+    assert sorted(copied) == ["config.json", "tokenizer.json"]
     manifest = verify_artifact(result.artifact)  # and the digests are the files'
     for entry in manifest.files:
         assert entry.sha256 == real(result.artifact / entry.path)
