@@ -1,76 +1,21 @@
 """One measured job of benchmarks/scale.py, in a fresh process: `python scale_worker.py SPEC
 RESULT` with spec {"kind": "build" | "decode" | "ortgenai-decode", ...}.
 
-build: `ingot.pipeline.build.build` with a sampler thread reading this process's resident
-memory every few milliseconds, attributed to the stage that runs (the build's on_stage
-callback); freed heap is returned to the OS at each stage boundary (malloc_trim), so a stage's
-peak is its own and not what the one before it left in glibc's free lists.
+build: `ingot.pipeline.build.build`, which reports each stage's peak resident memory itself
+(`ingot.pipeline.stage_memory`: the kernel's high-water mark, reset at each stage's start after
+the freed heap goes back to the OS).
 decode: batch-1 greedy decode of an ingot artifact; ortgenai-decode: the same with
 onnxruntime-genai (run by the peer's interpreter).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
-import os
 import resource
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
-
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
-
-
-class StagePeaks:
-    """Peak resident memory per build stage, sampled every `interval` seconds."""
-
-    def __init__(self, interval: float = 0.005) -> None:
-        self.interval = interval
-        self.stage = "setup"
-        self.peaks: dict[str, int] = {}
-        self.seconds: dict[str, float] = {}
-        self.cached: dict[str, bool] = {}
-        self._started: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._libc = ctypes.CDLL("libc.so.6")
-
-    def __enter__(self) -> StagePeaks:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def on_stage(self, stage: str, event: str) -> None:
-        self._record()
-        if event == "start":
-            self._libc.malloc_trim(0)
-            self.stage = stage
-            self._started[stage] = time.perf_counter()
-            self.peaks[stage] = rss_bytes()
-        else:
-            self.seconds[stage] = time.perf_counter() - self._started[stage]
-            self.cached[stage] = event == "cached"
-            self.stage = "between stages"
-
-    def _record(self) -> None:
-        rss = rss_bytes()
-        if rss > self.peaks.get(self.stage, 0):
-            self.peaks[self.stage] = rss
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._record()
 
 
 def build(spec: dict[str, Any]) -> dict[str, Any]:
@@ -78,17 +23,15 @@ def build(spec: dict[str, Any]) -> dict[str, Any]:
     from ingot.pipeline.cache import StageCache
 
     started = time.perf_counter()
-    with StagePeaks() as peaks:
-        cache = StageCache(Path(spec["cache"]))
-        result = ingot_build(spec["recipe"], spec["out"], cache=cache, on_stage=peaks.on_stage)
+    result = ingot_build(spec["recipe"], spec["out"], cache=StageCache(Path(spec["cache"])))
     artifact = Path(result.artifact)
     size = sum(f.stat().st_size for f in artifact.rglob("*") if f.is_file())
     return {
         "seconds": time.perf_counter() - started,
+        # each stage's peak RSS as the build measured it (ingot.pipeline.stage_memory)
         "stages": {
-            stage: {"seconds": peaks.seconds.get(stage), "peak_rss_bytes": peak}
-            for stage, peak in peaks.peaks.items()
-            if stage in peaks.seconds
+            run.stage: {"seconds": run.seconds, "peak_rss_bytes": run.peak_rss_bytes}
+            for run in result.stages
         },
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "artifact_bytes": size,
