@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                 report["builds"].append(_ingot_build(work, checkpoint, shape, method, args, keep))
             if args.ortgenai_python is not None and shape in args.ortgenai_shapes:
                 report["builds"].append(_ortgenai_build(work, checkpoint, shape, args, keep))
+            if shape in args.drop_checkpoints:  # its disk for the next shape's builds
+                shutil.rmtree(checkpoint)
             _write(report, args)  # partial results survive a later failure
         if args.decode_shape in args.shapes:
             report["decode"] = _decode(work, keep, args)
@@ -78,6 +80,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="shapes the peer builds too (default: all)",
     )
     parser.add_argument("--decode-shape", default="llama-3.1-8b")
+    parser.add_argument(
+        "--drop-checkpoints",
+        default=[],
+        type=lambda s: s.split(","),
+        help="shapes whose checkpoint is removed once built (a disk-limited host; default none)",
+    )
     parser.add_argument("--calib-text", type=Path, default=data_dir() / "pydoc-calib.txt")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument(
