@@ -15,6 +15,10 @@ every row come out, and the rows are read in order: row i either accepts draft i
 it is the argmax; sampled: `sample_verified`, so the output distribution is the target's) or
 emits its own token and ends the request's step; a row past every accepted draft emits the
 bonus token. Only the K/V of the tokens kept are written; the table is cut back to them.
+
+A drafter that reads the target's hidden state (`needs_hidden`: Medusa heads) gets each
+sequence's row of the call that produced its last token, copied into `SequenceState.last_hidden`
+(the session's `hidden`, bound only for such a drafter).
 """
 
 from __future__ import annotations
@@ -74,7 +78,8 @@ class RequestError(ValueError):
 
 
 class ModelRunner(Protocol):
-    """What the loop needs of an engine session (EngineSession, or a fake in tests)."""
+    """What the loop needs of an engine session (EngineSession, or a fake in tests). With a
+    drafter that `needs_hidden`, also `hidden` [N, H]: the last call's rows beside its logits."""
 
     def run(self, batch: Batch) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """logits [N, V] of the batch's logits_indices rows; per layer new (K, V)."""
@@ -323,6 +328,7 @@ class Generator:
         seqs = [(c.seq.table, c.token_ids, c.start) for c in chunks]
         inputs = build_inputs(seqs, self.config.sliding_window)
         last, new_kv = self.session.run(inputs)  # [S, V]: each sequence's last new token
+        hidden = self.session.hidden if self._needs_hidden else None  # [S, H], as `last`
         inputs.write_kv(self.pool, new_kv)
         if observe and self.speculation is not None:
             self.speculation.drafter.observe(inputs, chunks)  # a draft model prefills too
@@ -333,6 +339,8 @@ class Generator:
         for s, chunk in enumerate(chunks):
             self.scheduler.cache_computed_blocks(chunk.seq)
             if chunk.completes:  # else a prefill chunk that is not the prompt's last
+                if hidden is not None:  # a copy: the session's buffer is written next call
+                    chunk.seq.last_hidden = hidden[s].copy()
                 req = self._requests[chunk.seq.id]
                 outputs.append(self._append(req, last[s], normalizers[s], int(argmaxes[s])))
                 self._retire_if_finished(req)
@@ -396,6 +404,7 @@ class Generator:
         ]
         inputs = build_inputs(seqs, self.config.sliding_window, all_logits=True)
         logits, new_kv = self.session.run(inputs)  # [T, V]: every real token, in order
+        hidden = self.session.hidden if self._needs_hidden else None  # [T, H], as `logits`
         normalizers = logsumexp_rows(logits)  # [T]
         argmaxes = logits.argmax(axis=-1)  # [T]
         outputs: list[StepOutput] = []
@@ -413,6 +422,8 @@ class Generator:
                 if out.finished or proposal is None or out.token != proposal:
                     break
                 accepted += 1
+            if hidden is not None:  # the loop's last row produced the last token appended
+                chunk.seq.last_hidden = hidden[r].copy()
             if draft:
                 spec.stats.record(len(draft), accepted)
                 spec.policy.update(req.drafting, len(draft), accepted)
@@ -427,6 +438,12 @@ class Generator:
             self.scheduler.cache_computed_blocks(seq)
             self._retire_if_finished(self._requests[seq.id])
         return outputs
+
+    @property
+    def _needs_hidden(self) -> bool:
+        """Whether the drafter reads the target's hidden state (the session must bind it)."""
+        spec = self.speculation
+        return spec is not None and getattr(spec.drafter, "needs_hidden", False)
 
     def _retire_if_finished(self, req: _Request) -> None:
         """A finished request's blocks go back and its completion waits to be popped."""

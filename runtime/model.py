@@ -22,6 +22,7 @@ from ingot.runtime.speculative.load import (
     make_drafter,
     resolve_config,
 )
+from ingot.runtime.speculative.medusa import MedusaHeads
 from ingot.runtime.tokenizer import TextTokenizer
 
 __all__ = ["AUTO_KV_CACHE_FRACTION", "DEFAULT_KV_CACHE_BYTES", "LoadedModel"]
@@ -49,6 +50,7 @@ class LoadedModel:
     enable_prefix_caching: bool = True
     speculative: SpeculativeConfig | None = None
     draft: DraftModel | None = None  # the draft engine, with speculative method draft_model
+    heads: MedusaHeads | None = None  # the Medusa heads, with speculative method medusa
 
     @classmethod
     def load(
@@ -90,7 +92,8 @@ class LoadedModel:
         prompt_lookup_max, and ingot's disable_by_batch_size, min_acceptance_rate,
         backoff_steps): None speculates as the artifact's recipe said (if it did), False turns
         speculation off, a dict overrides the artifact's settings. A draft model's pool has
-        as many blocks as the target's, and the KV budget pays for both.
+        as many blocks as the target's, and the KV budget pays for both; Medusa heads read the
+        target's hidden state (its session binds the `hidden` output) and hold no K/V.
         """
         root = resolve_artifact(path)
         check_signature(root, verify_key=verify_key, require=require_signature)
@@ -127,15 +130,19 @@ class LoadedModel:
             max_seq_len,
         )
         tokenizer = TextTokenizer.from_artifact(root, manifest.tokenizer, chat_template)
+        method = speculative.method if speculative is not None else None
         session = EngineSession(
             safe_relative_path(root, engine.path),
             pool,
             engine.session_options,
             profile_file_prefix=profile_file_prefix,
+            hidden=method == "medusa",  # the heads draft from the target's hidden state
         )
-        draft = None
-        if speculative is not None and speculative.method == "draft_model":
+        draft = heads = None
+        if method == "draft_model":
             draft = DraftModel.open(root, manifest, engine.name, pool.num_blocks)
+        elif method == "medusa":
+            heads = MedusaHeads.open(safe_relative_path(root, manifest.speculative.heads.path))
         if speculative is not None:
             log.info(
                 "speculative decoding: %s, %d tokens per step",
@@ -154,6 +161,7 @@ class LoadedModel:
             enable_prefix_caching,
             speculative,
             draft,
+            heads,
         )
 
     @property
@@ -172,7 +180,7 @@ class LoadedModel:
         )
         speculation = None
         if self.speculative is not None:
-            drafter = make_drafter(self.speculative, self.draft, self.sliding_window)
+            drafter = make_drafter(self.speculative, self.draft, self.sliding_window, self.heads)
             speculation = Speculation(self.speculative, drafter)
         return Generator(self.session, self.pool, self.tokenizer, config, speculation)
 

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ingot.runtime.kv_pool import BlockTable, KVPool
 from ingot.runtime.prefix_cache import chain_hashes
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Chunk", "Scheduler", "SchedulerOutput", "SequenceState"]
 
@@ -35,6 +39,9 @@ class SequenceState:
     block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks
     num_cached_blocks: int = 0  # leading blocks of `table` the prefix cache knows
     num_draft_computed: int = 0  # leading tokens in a draft model's pool (speculative/)
+    # [H] float32: the target's final-norm hidden state at the position whose logits produced
+    # the last token (a copy); recorded only for a drafter that reads it (Medusa heads).
+    last_hidden: np.ndarray | None = None
 
     @property
     def num_computed(self) -> int:

@@ -54,9 +54,21 @@ class EngineSession:
 
     The pool is written in place between calls (KVPool.write), so the bound OrtValues see
     every write and no call ever copies the cache.
+
+    With `hidden`, the graph's `hidden` output (the final-norm rows that `logits` is computed
+    from) is bound too and read through `hidden` after each call: what Medusa heads draft from.
     """
 
-    __slots__ = ("_session", "_binding", "_pool_values", "_outputs", "_inputs", "num_layers")
+    __slots__ = (
+        "_session",
+        "_binding",
+        "_pool_values",
+        "_outputs",
+        "_inputs",
+        "_with_hidden",
+        "_hidden",
+        "num_layers",
+    )
 
     def __init__(
         self,
@@ -65,6 +77,7 @@ class EngineSession:
         session_options: dict[str, Any] | None = None,
         profile_file_prefix: str | None = None,
         spinning: bool = True,
+        hidden: bool = False,
     ) -> None:
         options = _session_options(session_options or {})
         if not spinning:
@@ -78,6 +91,8 @@ class EngineSession:
             str(engine_file), options, providers=["CPUExecutionProvider"]
         )
         self.num_layers = pool.num_layers
+        self._with_hidden = hidden
+        self._hidden: np.ndarray | None = None
         self._check_interface(pool)
         # Engines exported before `logits_indices` existed return logits
         # for every position; run() then picks the rows itself.
@@ -96,7 +111,7 @@ class EngineSession:
                     raise SessionError(f"{name}: binding copied the pool array; it must alias it")
                 self._binding.bind_ortvalue_input(name, value)
                 self._pool_values.append(value)
-        outputs = ["logits"] + [
+        outputs = ["logits", *(["hidden"] if hidden else [])] + [
             f"new_{kv}_{layer}" for layer in range(pool.num_layers) for kv in ("k", "v")
         ]
         self._outputs = _OutputBuffers(self._session, outputs)
@@ -113,10 +128,25 @@ class EngineSession:
             bind(name, getattr(batch, name))  # build_inputs makes them contiguous
         s, q = batch.input_ids.shape
         logits, *kv = self._outputs.bind(self._binding, S=s, Q=q, N=len(batch.logits_indices))
+        if self._with_hidden:
+            hidden, *kv = kv
         self._session.run_with_iobinding(self._binding)
         if logits.ndim == 3:  # an engine without logits_indices: [S, Q, V]
             logits = logits.reshape(-1, logits.shape[-1])[batch.logits_indices]
+        if self._with_hidden:
+            if hidden.ndim == 3:  # [S, Q, H], as logits above
+                hidden = hidden.reshape(-1, hidden.shape[-1])[batch.logits_indices]
+            self._hidden = hidden  # [N, H]
         return logits, [(kv[2 * i], kv[2 * i + 1]) for i in range(self.num_layers)]
+
+    @property
+    def hidden(self) -> np.ndarray:
+        """hidden [N, H] float32 of the last call: the final-norm rows its logits came from,
+        in the same order. A session buffer like the logits, valid until the next call."""
+        if self._hidden is None:
+            why = "no call has run yet" if self._with_hidden else "opened without hidden=True"
+            raise SessionError(f"no hidden rows: {why}")
+        return self._hidden
 
     def end_profiling(self) -> str:
         """Stop ORT's profiler; the path of the JSON trace it wrote (see `profile_file_prefix`)."""
@@ -129,7 +159,8 @@ class EngineSession:
         new_kv = [f"new_{kv}_{i}" for i in range(pool.num_layers) for kv in ("k", "v")]
         required = [n for n in _STEP_INPUTS if n != "logits_indices"]
         problems = [f"missing input {n!r}" for n in (*required, *pool_inputs) if n not in inputs]
-        problems += [f"missing output {n!r}" for n in ("logits", *new_kv) if n not in outputs]
+        wanted = ("logits", *(["hidden"] if self._with_hidden else []), *new_kv)
+        problems += [f"missing output {n!r}" for n in wanted if n not in outputs]
         expected = _ORT_TYPES.get(pool.dtype)
         for name in pool_inputs:
             if name in inputs and inputs[name].type != expected:

@@ -5,11 +5,12 @@ The prompts are the first `prompt_tokens` tokens of consecutive windows of `prom
 `max_tokens` tokens of the evaluation text (read and tokenized like the perplexity's, before
 any build work). Each prompt is generated alone (batch 1, the case speculation is for) with
 greedy decoding and EOS ignored, `max_tokens` tokens, on the first target's engine through
-`KVPool`, `EngineSession` and `Generator`, with the runtime's drafter: prompt lookup, or the
+`KVPool`, `EngineSession` and `Generator`, with the runtime's drafter: prompt lookup, the
 draft model's engine of the same name on a pool of as many blocks as the target's (as
 `DraftModel.open` builds it from a manifest; here from the stage directories, since nothing is
-packaged yet). The back-off is off (`min_acceptance_rate` 0, no batch-size cut-off), so every
-step drafts and the counters measure the drafter, not the policy.
+packaged yet), or the Medusa heads graph on the target's hidden state. The back-off is off
+(`min_acceptance_rate` 0, no batch-size cut-off), so every step drafts and the counters measure
+the drafter, not the policy.
 
 The same prompts then run through a second Generator without speculation: `greedy_match`
 counts the prompts whose tokens are the same. It is reported, not judged: on an engine with
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +33,9 @@ from .errors import EvalDataError
 from .perplexity import token_windows, tokenize
 from .report import EvalGateError
 from .text import load_eval_text
+
+if TYPE_CHECKING:
+    from ..recipe import MedusaSpeculative
 
 __all__ = [
     "SpeculativePrompts",
@@ -51,7 +55,7 @@ class SpeculativePrompts:
     """What the evaluate stage measures speculation with, prepared before any build work."""
 
     spec: SpeculativeEval  # the recipe's evaluate.speculative
-    method: NgramSpeculative | DraftModelSpeculative  # the recipe's speculative section
+    method: NgramSpeculative | DraftModelSpeculative | MedusaSpeculative  # the recipe's section
     dataset: str  # the text source, evaluate.perplexity's when the section names none
     split: str
     text_field: str
@@ -115,6 +119,11 @@ class _CountingRunner:
         self.calls += 1
         return self.session.run(batch)
 
+    @property
+    def hidden(self):
+        """The last call's hidden rows (a session opened with hidden=True: medusa)."""
+        return self.session.hidden
+
 
 def measure_speculation(
     job: SpeculativePrompts,
@@ -126,18 +135,21 @@ def measure_speculation(
     sliding_window: int | None,
     vocab_size: int,
     eos_token_ids: tuple[int, ...] = (),
+    heads_file: Path | None = None,
 ) -> dict[str, Any]:
     """The report's `speculative` block: the drafter's counters over the prompts, the target's
     calls with and without speculation, and how many prompts decode as plain greedy does.
 
     `engine_dir` and `draft_engine_dir` (draft_model only) are engine stage outputs of the same
-    engine name; `max_seq_len` is the exported graph's."""
+    engine name; `heads_file` (medusa only) is the heads graph; `max_seq_len` is the exported
+    graph's."""
     from ingot.runtime.generate import Generator, GeneratorConfig
     from ingot.runtime.kv_pool import KVPool
     from ingot.runtime.sampling import SamplingParams
     from ingot.runtime.session import EngineSession
     from ingot.runtime.speculative import Speculation, SpeculativeConfig
     from ingot.runtime.speculative.load import DraftModel, make_drafter
+    from ingot.runtime.speculative.medusa import MedusaHeads
     from ingot.runtime.tokenizer import TextTokenizer
 
     spec, method = job.spec, job.method
@@ -154,7 +166,14 @@ def measure_speculation(
         layout["head_dim"],
         layout["dtype"],
     )
-    target = _CountingRunner(EngineSession(engine_file, pool, record["session_options"]))
+    medusa = method.method == "medusa"
+    if medusa and heads_file is None:
+        raise ValueError("speculative method medusa: no heads graph to measure")
+    # The heads draft from the target's hidden state: its session binds that output too.
+    target = _CountingRunner(
+        EngineSession(engine_file, pool, record["session_options"], hidden=medusa)
+    )
+    heads = MedusaHeads.open(heads_file) if medusa else None
     draft = None
     if method.method == "draft_model":
         if draft_engine_dir is None:
@@ -186,7 +205,7 @@ def measure_speculation(
         min_acceptance_rate=0.0,  # never backs off: every step drafts
         adaptive=False,  # nor stops where drafting timed slower: counts, not this machine's clock
     )
-    speculation = Speculation(config, make_drafter(config, draft, sliding_window))
+    speculation = Speculation(config, make_drafter(config, draft, sliding_window, heads))
     tokenizer = TextTokenizer(tokenizer_file)
     generator_config = GeneratorConfig(
         max_seq_len=max_seq_len,

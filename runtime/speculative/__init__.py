@@ -1,8 +1,9 @@
 """Speculative decoding: a drafter proposes tokens, the target verifies them in one call.
 
 `Speculation` is what a Generator is given: the config, the policy (when to draft) and the
-drafter (ngram.py: prompt lookup; draft_model.py: a small model in the artifact). The
-verification itself (acceptance, K/V of accepted tokens only) is in runtime/generate.py.
+drafter (ngram.py: prompt lookup; draft_model.py: a small model in the artifact; medusa.py:
+heads on the target's hidden state). The verification itself (acceptance, K/V of accepted
+tokens only) is in runtime/generate.py.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ __all__ = [
 
 
 class Drafter(Protocol):
+    # A drafter may set `needs_hidden = True` (medusa.py): the Generator then records each
+    # sequence's target hidden state (SequenceState.last_hidden) for it.
+
     def propose(self, seqs: Sequence[SequenceState], ks: Sequence[int]) -> list[list[int]]:
         """Up to ks[i] draft tokens to follow each sequence's last token."""
         ...

@@ -12,7 +12,7 @@ from typing import Any, Self
 
 __all__ = ["METHODS", "SpeculativeConfig"]
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "medusa")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,5 +84,5 @@ class SpeculativeConfig:
         base = {f.name: getattr(default, f.name) for f in fields(cls)} if default else {}
         merged = {**base, **given}
         if "method" not in merged:
-            raise ValueError("speculative_config.method is required (ngram or draft_model)")
+            raise ValueError("speculative_config.method is required (ngram, draft_model or medusa)")
         return cls(**merged)

@@ -1,8 +1,10 @@
 """The speculation an artifact is served with: its recipe's default, or what the caller asks.
 
 `resolve_config` merges a caller's vLLM-style dict over the artifact's record
-(manifest.speculative); `DraftModel.open` opens the draft engine of a draft_model artifact on
-its own pool, with as many blocks as the target's (the target's block tables address both).
+(manifest.speculative) and checks that the artifact has what the method needs; `DraftModel.open`
+opens the draft engine of a draft_model artifact on its own pool, with as many blocks as the
+target's (the target's block tables address both). A medusa artifact's heads open with
+`MedusaHeads.open` (medusa.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
 from ingot.runtime.session import EngineSession
 from ingot.runtime.speculative.config import SpeculativeConfig
 from ingot.runtime.speculative.draft_model import DraftModelDrafter
+from ingot.runtime.speculative.medusa import MedusaDrafter, MedusaHeads
 from ingot.runtime.speculative.ngram import NgramDrafter
 
 __all__ = ["DraftModel", "draft_bytes_per_block", "make_drafter", "resolve_config"]
@@ -35,14 +38,33 @@ def resolve_config(
     if recorded is not None:
         default = SpeculativeConfig(**{k: getattr(recorded, k) for k in _RECORDED})
     if requested is None or requested is True:
-        return default
-    config = SpeculativeConfig.from_dict(requested, default)
+        config = default
+    else:
+        config = SpeculativeConfig.from_dict(requested, default)
+    if config is not None:
+        _check_artifact_has(config, recorded)
+    return config
+
+
+def _check_artifact_has(config: SpeculativeConfig, recorded) -> None:
+    """What `config`'s method needs of the artifact's speculative record (None: it has none)."""
     if config.method == "draft_model" and (recorded is None or recorded.draft is None):
         raise ValueError(
             "speculative method draft_model needs an artifact built with a draft model "
             "(recipe speculative.method: draft_model)"
         )
-    return config
+    if config.method == "medusa":
+        heads = getattr(recorded, "heads", None)  # manifests from before heads have none
+        if heads is None:
+            raise ValueError(
+                "speculative method medusa needs an artifact built with Medusa heads "
+                "(recipe speculative.method: medusa)"
+            )
+        if config.num_speculative_tokens > heads.num_heads:
+            raise ValueError(
+                f"num_speculative_tokens {config.num_speculative_tokens} exceeds the "
+                f"artifact's {heads.num_heads} Medusa heads (one head proposes each token)"
+            )
 
 
 def draft_bytes_per_block(manifest: Manifest, config: SpeculativeConfig | None) -> int:
@@ -93,10 +115,17 @@ class DraftModel:
 
 
 def make_drafter(
-    config: SpeculativeConfig, draft: DraftModel | None, sliding_window: int | None
-) -> NgramDrafter | DraftModelDrafter:
+    config: SpeculativeConfig,
+    draft: DraftModel | None,
+    sliding_window: int | None,
+    heads: MedusaHeads | None = None,
+) -> NgramDrafter | DraftModelDrafter | MedusaDrafter:
     if config.method == "ngram":
         return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
+    if config.method == "medusa":
+        if heads is None:
+            raise ValueError("speculative method medusa needs the artifact's Medusa heads")
+        return MedusaDrafter(heads)
     if draft is None:
         raise ValueError("speculative method draft_model needs the artifact's draft model")
     return DraftModelDrafter(draft.session, draft.pool, sliding_window)

@@ -139,6 +139,15 @@ def test_interface_mismatches_are_named(tmp_path):
         EngineSession(graph, _pool(dtype=np.float16))
 
 
+def test_hidden_is_bound_only_where_the_graph_has_it(tmp_path):
+    graph = write_graph(tmp_path / "g.onnx")  # no `hidden` output
+    with pytest.raises(SessionError, match="missing output 'hidden'"):
+        EngineSession(graph, _pool(), hidden=True)
+    session = EngineSession(graph, _pool())
+    with pytest.raises(SessionError, match="opened without hidden=True"):
+        _ = session.hidden
+
+
 @pytest.mark.parametrize(
     ("options", "match"),
     [

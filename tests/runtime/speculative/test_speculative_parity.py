@@ -2,8 +2,8 @@
 token, for every drafter, whatever the scheduler does (prefix caching, preemption, chunked
 prefill), and the drafts were really accepted (the test is not vacuous).
 
-The engine is built with exact float matmuls (matmul_accuracy_level 0): with int8 activations
-(level 4) a verification call's rows round their activations differently from a one-token
+The engine is built with exact float matmuls (conftest.py's `exact_artifact`): with int8
+activations a verification call's rows round their activations differently from a one-token
 call's, so a near-tie can flip, exactly as between two batch compositions of plain decoding.
 """
 
@@ -13,8 +13,6 @@ import pytest
 
 from ingot.runtime import LoadedModel, SamplingParams
 
-from fixtures import make_checkpoint, write_recipe
-
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 LOOP = "a b c d e f g a b c d e f g a b c d e f g a b c"
 PROMPTS = [
@@ -23,24 +21,13 @@ PROMPTS = [
     LOOP + " d e",
     "import os\nprint(os.path",
 ]
-EXACT = [{"engine": "onnxruntime", "device": "cpu", "matmul_accuracy_level": 0}]
 # Draft in every step: whether drafting is faster here (adaptive) is not what these test.
 ALWAYS = {"adaptive": False}
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
-    from ingot.pipeline.build import build
-    from ingot.pipeline.cache import StageCache
-
-    tmp = tmp_path_factory.mktemp("spec-parity")
-    recipe = write_recipe(tmp / "r.yaml", make_checkpoint(tmp / "ckpt"), targets=EXACT)
-    return build(recipe, tmp / "art", cache=StageCache(tmp / "cache")).artifact
-
-
-@pytest.fixture(scope="module")
-def plain(artifact):
-    generator = LoadedModel.load(artifact, speculative_config=False).generator()
+def plain(exact_artifact):
+    generator = LoadedModel.load(exact_artifact, speculative_config=False).generator()
     return [c.token_ids for c in generator.generate(PROMPTS, GREEDY)]
 
 
@@ -53,9 +40,9 @@ def plain(artifact):
         (True, None, 8),  # chunked prefill
     ],
 )
-def test_ngram_greedy_equals_plain(artifact, plain, caching, kv_cache_blocks, budget):
+def test_ngram_greedy_equals_plain(exact_artifact, plain, caching, kv_cache_blocks, budget):
     model = LoadedModel.load(
-        artifact,
+        exact_artifact,
         kv_cache_blocks=kv_cache_blocks,
         max_num_batched_tokens=budget,
         enable_prefix_caching=caching,
@@ -98,10 +85,11 @@ def _count_call_tokens(generator) -> list[int]:
     return generator.session.calls
 
 
-def test_each_request_alone_equals_plain(artifact, plain):
+def test_each_request_alone_equals_plain(exact_artifact, plain):
     """One request at a time: every step speculates (no batch-size cut-off)."""
     generator = LoadedModel.load(
-        artifact, speculative_config={"method": "ngram", "num_speculative_tokens": 5, **ALWAYS}
+        exact_artifact,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 5, **ALWAYS},
     ).generator()
     for prompt, expected in zip(PROMPTS, plain, strict=True):
         assert generator.generate([prompt], GREEDY)[0].token_ids == expected
@@ -143,9 +131,9 @@ def _self_drafting(artifact, **load):
     ("caching", "kv_cache_blocks", "budget"),
     [(True, None, 2048), (False, None, 2048), (True, 16, 2048), (True, None, 8)],
 )
-def test_draft_model_greedy_equals_plain(artifact, plain, caching, kv_cache_blocks, budget):
+def test_draft_model_greedy_equals_plain(exact_artifact, plain, caching, kv_cache_blocks, budget):
     model, generator = _self_drafting(
-        artifact,
+        exact_artifact,
         kv_cache_blocks=kv_cache_blocks,
         max_num_batched_tokens=budget,
         enable_prefix_caching=caching,
