@@ -1,23 +1,30 @@
-"""Speculative decoding in ingot (n-gram, draft model) against plain decoding, side by side
-with transformers' assisted generation on the same prompts.
+"""Speculative decoding in ingot (n-gram, draft model, Medusa heads) against plain decoding,
+side by side with transformers' assisted generation on the same prompts.
 
-Reproduce (alone on a quiet machine; about 7 minutes on 2 cores, a minute more the first time,
-which builds the artifact into the benchmark cache; writes benchmarks/results/speculative.json
-and speculative.md):
+Reproduce (alone on a quiet machine; on 2 cores about 7 minutes before the Medusa rows, which
+add about a third of ingot's part (not yet timed); more the first time, which builds the
+artifacts into the benchmark cache, the Medusa heads' training included; writes
+benchmarks/results/speculative.json and speculative.md):
 
     .venv/bin/python benchmarks/speculative.py --wait-idle 1800
 
 Options: [--tokens 128] [--prompt-len 64] [--prompts 16] [--runs 5] [--concurrency 8,32]
 [--peer-prompts 16] [--threads 2] [--wait-idle SECONDS] [--models-dir DIR] [--eval-text FILE]
-[--out-dir DIR] [--quick]. `--quick` is a smoke run (32 tokens, 4 prompts, one run,
-concurrency 4 and 16, 2 peer prompts) written to a temporary directory, never over the
+[--calib-text FILE] [--out-dir DIR] [--quick]. `--quick` is a smoke run (32 tokens, 4 prompts,
+one run, concurrency 4 and 16, 2 peer prompts) written to a temporary directory, never over the
 committed results.
 
 The target is pydoc-16m with the decode benchmark's recipe (ort_artifacts.py: RTN int4 g32
 symmetric on every linear, lm_head included; ONNX Runtime CPU at level `extended`, int8
 activations in the matmuls), plus a `speculative:` section whose draft model is pydoc-tiny
-(the same tokenizer), quantized with the target's list. One artifact serves every row: the
-load's `speculative_config` picks the method (False: plain decoding).
+(the same tokenizer), quantized with the target's list. That artifact serves every row but
+Medusa's: the load's `speculative_config` picks the method (False: plain decoding). An artifact
+holds one drafter, so the Medusa rows load a second build of the same recipe with a
+`calibration:` section (`--calib-text`, 128 windows of 512 tokens) and `speculative.method:
+medusa` instead: 4 heads of one residual block, trained in the build (600 steps) by
+self-distillation against the quantized target, whose stages come from the stage cache. The
+`heads` stage's seconds and peak RSS and the manifest's training report (loss, held-out
+agreement by head) are reported; a failed build of either drafter fails only its rows.
 
 Prompts: windows of `--prompt-len` tokens (BOS + text) of the held-out pydoc-eval.txt.
 "code": the windows richest in Python code lines (doctest `>>>` / `...` lines, `def`,
@@ -31,16 +38,17 @@ processes took more than OTHERS_LIMIT_CORES (/proc/stat) is repeated (class Quie
 
 1. batch 1, both prompt sets, every method with the runtime's defaults (adaptive drafting:
    steps with and without drafts are timed, and a batch size drafts only where drafting
-   emitted more tokens per second) and n-gram k=4 and the draft model with adaptive drafting
-   off: the prompts one after another through one Generator; decode tok/s (tokens after the
-   first over the time after the first: the prefill is TTFT, as in decode.py), the speedup
-   over plain, the share of steps that drafted, tokens per target step, ms per step, mean
+   emitted more tokens per second) and n-gram k=4, the draft model and Medusa with adaptive
+   drafting off: the prompts one after another through one Generator; decode tok/s (tokens
+   after the first over the time after the first: the prefill is TTFT, as in decode.py), the
+   speedup over plain, the share of steps that drafted, tokens per target step, ms per step, mean
    accepted length and acceptance by draft position (SpecDecodeStats), and how many prompts'
    tokens equal plain decoding's; for each that differs, plain decoding's top-2 log-probability
    gap where they part (a flipped near-tie, or not);
 2. one more batch-1 run of the code prompts with the engine calls timed: per decode step, the
-   target's call (by tokens per sequence), the drafter (its engine's calls apart) and the rest
-   of the runtime, which says how much of the step is fixed per-call cost;
+   target's call (by tokens per sequence), the drafter (the draft engine's or the Medusa
+   heads' calls apart) and the rest of the runtime, which says how much of the step is fixed
+   per-call cost;
 3. `--concurrency` code prompts submitted at once to one Generator: generated tokens over the
    wall time, speculation on (default thresholds: no drafting in a step with more than
    disable_by_batch_size = 8 decoding requests) against off, and "forced" (every step drafts,
@@ -50,7 +58,8 @@ processes took more than OTHERS_LIMIT_CORES (/proc/stat) is repeated (class Quie
    `assistant_model=pydoc-tiny` (transformers' defaults: up to 20 draft tokens, stopped early
    below 0.4 confidence; and 4 tokens, as ingot drafts), and `prompt_lookup_num_tokens=4`, on
    the first `--peer-prompts` prompts of each set, one run each after a warm-up; a streamer
-   timestamps the tokens, so tok/s is decode-only as for ingot;
+   timestamps the tokens, so tok/s is decode-only as for ingot (transformers has no Medusa
+   decoding: the Medusa rows have no counterpart there);
 5. the host's 1-min load, every 10 s during each case and between cases (machine.LoadWatch):
    a run whose load exceeded the thread count + 1 is written with a REFUSED line at the top
    and exits 1.
@@ -83,18 +92,32 @@ from paths import REPO, data_dir, models_dir, write_report_files  # noqa: E402
 DEFAULT_THREADS = 2  # what the committed results ran with (a 2-core host)
 TARGET, DRAFT = "pydoc-16m", "pydoc-tiny"
 DRAFT_TOKENS = 4  # the draft model's num_speculative_tokens (the recipe's default)
+MEDUSA_TOKENS = 4  # Medusa's num_speculative_tokens: one token from each head
 # Methods: (name, speculative_config for LoadedModel.load). The draft model is built into the
-# artifact; ngram needs nothing built.
+# target's artifact, the Medusa heads into one of their own; ngram needs nothing built.
 METHODS: tuple[tuple[str, dict[str, Any] | bool], ...] = (
     ("plain", False),
     ("ngram k=2", {"method": "ngram", "num_speculative_tokens": 2}),
     ("ngram k=4", {"method": "ngram", "num_speculative_tokens": 4}),
     ("draft_model k=4", {"method": "draft_model", "num_speculative_tokens": DRAFT_TOKENS}),
+    ("medusa k=4", {"method": "medusa", "num_speculative_tokens": MEDUSA_TOKENS}),
 )
+# An artifact holds one drafter: these methods load their own build of the target (_build).
+OWN_BUILD = ("medusa",)
 NGRAM_LOOKUP = {"prompt_lookup_min": 1, "prompt_lookup_max": 4}
+# The Medusa build's added recipe sections: the heads learn on the calibration windows.
+CALIBRATION = {"samples": 128, "seq_len": 512}
+MEDUSA_TRAIN = {
+    "num_heads": MEDUSA_TOKENS,
+    "num_layers": 1,
+    "steps": 600,
+    "learning_rate": 0.001,
+    "batch_size": 64,
+    "seed": 0,
+}
 # Batch 1 only: these methods with the runtime's adaptive drafting off (drafting every step
 # it can, however its steps time), which shows what speculation itself costs and gains.
-ADAPTIVE_OFF = ("ngram k=4", "draft_model k=4")
+ADAPTIVE_OFF = ("ngram k=4", "draft_model k=4", "medusa k=4")
 # The "forced" variants above the batch-size threshold: drafting at any batch size, adaptive
 # off, so every step of every request drafts.
 FORCED = {"disable_by_batch_size": 1024, "adaptive": False}
@@ -142,12 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"prompts": _prompt_summary(prompts, args)}
     with tempfile.TemporaryDirectory(prefix="ingot-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
-        artifact, results["build"] = _build(args, tmp, watch)
-        if artifact is None:
+        artifacts, results["build"] = _build(args, tmp, watch)
+        if artifacts["target"] is None:
             results["ingot"] = {"ok": False, "error": "no artifact could be built"}
         else:
             _log("ingot: batch 1 and concurrent requests")
-            results["ingot"] = _worker(_ingot_spec(args, artifact, prompts), tmp, watch)
+            results["ingot"] = _worker(_ingot_spec(args, artifacts, prompts), tmp, watch)
         watch.sample()
         _log("transformers: plain, assisted generation, prompt lookup")
         results["transformers"] = _worker(_peer_spec(args, prompts), tmp, watch)
@@ -225,35 +248,86 @@ def _prompt_summary(prompts: dict[str, Any], args: argparse.Namespace) -> dict[s
 
 def _build(
     args: argparse.Namespace, tmp: Path, watch: LoadWatch
-) -> tuple[str | None, dict[str, Any]]:
-    """The target with the draft built in; without the draft if that build fails (then the
-    draft_model rows report the failure)."""
+) -> tuple[dict[str, str | None], dict[str, Any]]:
+    """The artifacts, {"target": ..., "medusa": ...} (None: not built), and the builds' record.
+    "target": the target with the draft built in; without the draft if that build fails (then
+    the draft_model rows report the failure). "medusa": the same target with Medusa heads (an
+    artifact holds one drafter); its quantized target comes from the stage cache, and when it
+    fails only the Medusa rows do."""
     from bench_models import prepare_model
-    from ort_artifacts import VARIANT, build_spec
+    from ort_artifacts import build_spec
 
     model = prepare_model(TARGET, args.models_dir, args.eval_text)
-    spec = build_spec(model, tmp, args.threads, interop=[])
-    plain_spec = dict(spec)
-    recipe = json.loads(Path(spec["recipe"]).read_text())
-    recipe["speculative"] = {
+    plain_spec = build_spec(model, tmp, args.threads, interop=[])
+    draft = {
         "method": "draft_model",
         "num_speculative_tokens": DRAFT_TOKENS,
         "draft": {"source": {"path": str(args.models_dir / DRAFT)}},
     }
-    recipe["artifact"]["name"] += f"-draft-{DRAFT}"
-    spec["recipe"] = str(tmp / f"{TARGET}-{VARIANT}-draft-{DRAFT}.yaml")
-    Path(spec["recipe"]).write_text(json.dumps(recipe, indent=2))
-    spec["out"] += f"-draft-{DRAFT}"
+    spec, recipe = _variant(plain_spec, f"draft-{DRAFT}", {"speculative": draft})
     builds: dict[str, Any] = {"recipe": recipe}
+    artifacts: dict[str, str | None] = {"target": None, "medusa": None}
     for name, build in (("with_draft", spec), ("without_draft", plain_spec)):
-        _log(f"building the artifact ({name.replace('_', ' ')})")
-        built = _worker(build, tmp, watch, HERE / "decode_engines.py")
-        watch.sample()
-        builds[name] = built
-        if built.get("ok"):
+        builds[name] = _build_one(name.replace("_", " "), build, tmp, watch)
+        if builds[name].get("ok"):
             builds["draft_built"] = name == "with_draft"
-            return built["artifact"], builds
-    return None, builds
+            artifacts["target"] = builds[name]["artifact"]
+            break
+    if artifacts["target"] is None:  # nothing to run: no second build of a failing target
+        return artifacts, builds
+    spec, builds["medusa_recipe"] = _variant(plain_spec, "medusa", _medusa_sections(args))
+    built = builds["medusa"] = _build_one("with Medusa heads", spec, tmp, watch)
+    if built.get("ok"):
+        artifacts["medusa"] = built["artifact"]
+        built["heads"] = _heads_record(built)
+    return artifacts, builds
+
+
+def _variant(
+    spec: dict[str, Any], suffix: str, sections: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A copy of the build spec (and its recipe) whose recipe adds `sections`, under a name and
+    an output directory of its own; the stages it shares with the spec's come from the cache."""
+    recipe = json.loads(Path(spec["recipe"]).read_text()) | sections
+    recipe["artifact"]["name"] += f"-{suffix}"
+    path = Path(spec["recipe"])
+    path = path.with_name(f"{path.stem}-{suffix}{path.suffix}")
+    path.write_text(json.dumps(recipe, indent=2))  # JSON is YAML: the recipe loader reads it
+    return spec | {"recipe": str(path), "out": f"{spec['out']}-{suffix}"}, recipe
+
+
+def _medusa_sections(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "calibration": {"dataset": str(args.calib_text), **CALIBRATION},
+        "speculative": {
+            "method": "medusa",
+            "num_speculative_tokens": MEDUSA_TOKENS,
+            "heads": {"train": MEDUSA_TRAIN},
+        },
+    }
+
+
+def _build_one(name: str, spec: dict[str, Any], tmp: Path, watch: LoadWatch) -> dict[str, Any]:
+    """One build in a worker (decode_engines.py): the artifact and every stage's StageRun."""
+    _log(f"building the artifact ({name})")
+    built = _worker(spec, tmp, watch, HERE / "decode_engines.py")
+    watch.sample()
+    return built
+
+
+def _heads_record(built: dict[str, Any]) -> dict[str, Any]:
+    """The Medusa build's `heads` stage (a cache hit took no training: its seconds and peak are
+    the hit's) and the manifest's heads, whose training report the artifact keeps; an
+    unreadable manifest is recorded, and the Medusa rows' loads then say what is wrong."""
+    from ingot.artifacts import read_manifest
+
+    stage = next((s for s in built.get("stages", []) if s["stage"] == "heads"), None)
+    try:
+        heads = read_manifest(Path(built["artifact"])).speculative.heads
+        info = heads.model_dump(mode="json", include={"num_heads", "num_layers", "origin"})
+        return {"stage": stage, **info, "training": heads.training}
+    except Exception as e:  # the other rows go on
+        return {"stage": stage, "error": f"{type(e).__name__}: {e}"}
 
 
 def ingot_methods() -> dict[str, dict[str, Any] | bool]:
@@ -267,11 +341,20 @@ def ingot_methods() -> dict[str, dict[str, Any] | bool]:
     return methods
 
 
-def _ingot_spec(args: argparse.Namespace, artifact: str, prompts: dict[str, Any]) -> dict:
+def _ingot_spec(
+    args: argparse.Namespace, artifacts: dict[str, str | None], prompts: dict[str, Any]
+) -> dict:
+    methods = ingot_methods()
     return {
         "kind": "ingot",
-        "artifact": artifact,
-        "methods": ingot_methods(),
+        "artifact": artifacts["target"],
+        # The rows of an OWN_BUILD method load that build (None: it failed); the rest, "artifact".
+        "artifacts": {
+            name: artifacts[config["method"]]
+            for name, config in methods.items()
+            if config and config["method"] in OWN_BUILD
+        },
+        "methods": methods,
         "concurrent_methods": [name for name, _ in METHODS],
         "forced": FORCED,
         "tokens": args.tokens,
@@ -331,8 +414,9 @@ def _worker(
 
 
 def run_ingot(spec: dict[str, Any]) -> dict[str, Any]:
-    """Every method on one artifact, each its own LoadedModel and Generator; per run, the
-    methods one after another (plain first), so drift of the host hits them alike."""
+    """Every method on its artifact (spec["artifacts"] or else spec["artifact"]), each its own
+    LoadedModel and Generator; per run, the methods one after another (plain first), so drift
+    of the host hits them alike."""
     from dataclasses import asdict
 
     from ingot.runtime import LoadedModel, SamplingParams
@@ -344,10 +428,16 @@ def run_ingot(spec: dict[str, Any]) -> dict[str, Any]:
     methods: dict[str, dict | bool] = dict(spec["methods"])
     loaded, generators, errors = {}, {}, {}
 
-    def load(name: str, config: dict | bool) -> None:
+    def artifact_of(name: str) -> str | None:
+        return spec.get("artifacts", {}).get(name, spec["artifact"])
+
+    def load(name: str, config: dict | bool, artifact: str | None) -> None:
         try:
+            if artifact is None:
+                method = config["method"]  # an OWN_BUILD method: its own build failed
+                raise FileNotFoundError(f"no artifact: its build failed (build.{method})")
             loaded[name] = LoadedModel.load(
-                spec["artifact"],
+                artifact,
                 kv_cache_bytes=spec["kv_cache_bytes"],
                 max_num_seqs=max_seqs,
                 max_num_batched_tokens=batched,
@@ -359,7 +449,7 @@ def run_ingot(spec: dict[str, Any]) -> dict[str, Any]:
             errors[name] = f"{type(e).__name__}: {e}"
 
     for name, config in methods.items():
-        load(name, config)
+        load(name, config, artifact_of(name))
     # Forced on: the same config drafting at every step, at any batch size (for the sizes
     # above the default threshold).
     forced = {}
@@ -369,7 +459,7 @@ def run_ingot(spec: dict[str, Any]) -> dict[str, Any]:
             threshold = loaded[name].speculative.disable_by_batch_size
             if any(n > threshold for n in concurrent):
                 forced[name] = f"{name} forced"
-                load(forced[name], config | spec["forced"])
+                load(forced[name], config | spec["forced"], artifact_of(name))
     configs = {
         name: asdict(model.speculative) if model.speculative else None
         for name, model in loaded.items()
@@ -566,8 +656,9 @@ def _explain_differences(plain: Any, spec: dict[str, Any], batch1: dict[str, Any
 def _breakdown(gen: Any, prompts: list[list[int]], params: Any) -> dict[str, Any]:
     """One run of the prompts with the target's and the drafter's calls timed: per decode
     step (each prompt's prefill step left out), ms in the target engine's call, in the
-    drafter (its engine's calls apart) and in the rest of the runtime (scheduling, inputs,
-    sampling, K/V writes, acceptance); the target call's ms by tokens per sequence."""
+    drafter (its engine's calls apart: a draft model's session, Medusa's heads graph) and in
+    the rest of the runtime (scheduling, inputs, sampling, K/V writes, acceptance); the target
+    call's ms by tokens per sequence."""
     from collections import defaultdict
 
     step: dict[str, float] = defaultdict(float)  # this step's time per timed call
@@ -602,12 +693,14 @@ def _breakdown(gen: Any, prompts: list[list[int]], params: Any) -> dict[str, Any
 
     session, spec = gen.session, gen.speculation
     drafter = spec.drafter if spec is not None else None
-    draft_session = getattr(drafter, "session", None)
+    # The drafter's own engine: a draft model's session, or the graph of Medusa's heads.
+    engine_attr = next((a for a in ("session", "heads") if hasattr(drafter, a)), None)
+    draft_session = getattr(drafter, engine_attr) if engine_attr else None
     gen.session = Timed(session, "target", ("run",))
     if drafter is not None:
         spec.drafter = Timed(drafter, "drafter", ("propose", "observe", "accepted"))
     if draft_session is not None:
-        drafter.session = Timed(draft_session, "draft_engine", ("run",))
+        setattr(drafter, engine_attr, Timed(draft_session, "draft_engine", ("run",)))
     steps, wall = 0, 0.0
     try:
         for prompt in prompts:
@@ -633,7 +726,7 @@ def _breakdown(gen: Any, prompts: list[list[int]], params: Any) -> dict[str, Any
         if drafter is not None:
             spec.drafter = drafter
         if draft_session is not None:
-            drafter.session = draft_session
+            setattr(drafter, engine_attr, draft_session)
     ms = {k: 1000 * v / steps for k, v in total.items()}
     step_ms = 1000 * wall / steps
     return {
@@ -918,8 +1011,10 @@ def _report(
             "methods": ingot_methods(),
             "forced": FORCED,
             "ngram_lookup": NGRAM_LOOKUP,
+            "medusa": {"train": MEDUSA_TRAIN, "calibration": CALIBRATION},
             "kv_cache_bytes": KV_CACHE_BYTES,
             "eval_text": str(args.eval_text),
+            "calib_text": str(args.calib_text),
             "quick": args.quick,
         },
         "machine": machine,
@@ -937,7 +1032,8 @@ def write_reports(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
 
 
 # The issue's targets at batch 1 on code prompts, and under load.
-SPEEDUP_TARGETS = {"ngram k=4": 1.3, "draft_model k=4": 1.5}
+SPEEDUP_TARGETS = {"ngram k=4": 1.3, "draft_model k=4": 1.5, "medusa k=4": 1.6}
+# transformers' counterpart of a method; it has no Medusa decoding, so medusa has none.
 PEER_OF = {"ngram k=4": "prompt_lookup_num_tokens=4", "draft_model k=4": "assistant_model k=4"}
 MAX_SLOWDOWN_AT_32 = 0.05
 
@@ -955,6 +1051,8 @@ def target_verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": None if speedup is None else speedup >= goal,
             }
         )
+        if method not in PEER_OF:
+            continue
         theirs = _speedup(peer, PEER_OF[method])
         verdicts.append(
             {
@@ -985,7 +1083,8 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("refused"):
         lines += [f"**REFUSED: {report['refused']}**", ""]
     lines += [
-        "# Speculative decoding: ingot (n-gram, draft model) and transformers' assisted generation",
+        "# Speculative decoding: ingot (n-gram, draft model, Medusa) and transformers' assisted "
+        "generation",
         "",
         f"{machine['date']} on {machine['cpu_model']}, {machine['usable_cores']} cores, "
         f"{machine['ram_bytes'] / (1 << 30):.1f} GiB RAM; {versions}; ingot at "
@@ -993,7 +1092,9 @@ def markdown(report: dict[str, Any]) -> str:
         + (" with uncommitted changes" if machine["code"]["dirty"] else "")
         + ".",
         f"Target {settings['target']} ({settings['weights']}; {settings['engine']}), draft "
-        f"{settings['draft']} built into the same artifact. Prompts: {settings['prompt_tokens']}"
+        f"{settings['draft']} built into the same artifact; the Medusa rows load a second "
+        "artifact of the same target with Medusa heads trained in its build (an artifact "
+        f"holds one drafter). Prompts: {settings['prompt_tokens']}"
         f' tokens of the held-out pydoc-eval.txt ("code": the windows richest in Python code '
         'lines; "text": windows with none), '
         f"{settings['new_tokens']} new tokens each, greedy, EOS ignored, "
@@ -1038,6 +1139,7 @@ def markdown(report: dict[str, Any]) -> str:
     for name, error in (ingot.get("errors") or {}).items():
         lines.append(f"| {name} | – | failed: {error} | | | | | | | |")
     lines += _breakdown_section(ingot)
+    lines += _heads_section(results.get("build") or {}, settings)
     lines += ["", "## Concurrent requests (all submitted at once to one Generator)", ""]
     conc = dict(sorted((ingot.get("concurrent") or {}).items(), key=lambda kv: int(kv[0])))
     lines += [
@@ -1081,7 +1183,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"tokens, {defaults['num_assistant_tokens_schedule']} schedule, stopping below "
             f"{defaults['assistant_confidence_threshold']} confidence; prompt lookup matches up "
             f"to {defaults['max_matching_ngram_size']}-grams. The ingot columns: the same "
-            "prompts' speedup of the ingot method with the same kind of drafter.",
+            "prompts' speedup of the ingot method with the same kind of drafter. transformers "
+            "has no Medusa decoding: the medusa rows have no counterpart here.",
             "",
             "| transformers | prompts | tok/s | speedup | = plain | ingot method | ingot speedup |",
             "|---|---|---:|---:|---:|---|---:|",
@@ -1121,9 +1224,10 @@ def _breakdown_section(ingot: dict[str, Any]) -> list[str]:
         "",
         "One more run of the code prompts with the engine calls timed (ms per decode step). "
         "target call: the target engine's session call (by tokens per sequence: 1 = plain "
-        "decoding, k + 1 = verification); drafter: proposing drafts (the draft engine's calls "
-        "apart); rest: the runtime around them (scheduling, inputs, sampling, K/V writes, "
-        "acceptance).",
+        "decoding, k + 1 = verification); drafter: proposing drafts, its engine's calls "
+        "included (in brackets: ms in the draft engine, or in the Medusa heads' graph, and its "
+        "calls per step); rest: the runtime around them (scheduling, inputs, sampling, K/V "
+        "writes, acceptance).",
         "",
         "| method | ms / step | target call | target call by tokens / sequence | drafter "
         "(draft engine, calls) | rest of the runtime | tokens / step |",
@@ -1147,6 +1251,61 @@ def _breakdown_section(ingot: dict[str, Any]) -> list[str]:
             f"| {drafter} | {b['runtime_other_ms']:.2f} | {row['tokens_per_step']:.2f} |"
         )
     return lines
+
+
+def _heads_section(build: dict[str, Any], settings: dict[str, Any]) -> list[str]:
+    """The Medusa build: what its heads stage cost, and the training report of its manifest."""
+    built = build.get("medusa")
+    if built is None:  # not attempted: the target's own build failed
+        return []
+    lines = ["", "## Medusa heads (trained in the build)", ""]
+    heads = built.get("heads") or {}
+    if not built.get("ok") or "error" in heads:
+        error = built.get("error") or heads.get("error")
+        return [*lines, f"The Medusa build failed: {error}. The medusa rows report it."]
+    train, cal = settings["medusa"]["train"], settings["medusa"]["calibration"]
+    t, stage = heads.get("training") or {}, heads.get("stage") or {}
+    windows = t.get("windows") or {}
+    peak = "–" if stage.get("cached") else _gib(stage.get("peak_rss_bytes"))
+    agreement = " / ".join(f"{a:.2f}" for a in t.get("held_out_agreement") or [])
+    lines += [
+        f"{heads['num_heads']} heads of {heads['num_layers']} residual block(s) "
+        f"({heads['origin']}), trained by the build's `heads` stage by self-distillation: from "
+        "the quantized target's final hidden state at a position, head i learns the target's "
+        "own next-token distribution i positions after the target's next token there (draft "
+        f"token i); {train['steps']} AdamW steps of "
+        f"{train['batch_size']} positions at learning rate {train['learning_rate']}, on "
+        f"{windows.get('train')} of {cal['samples']} windows of {cal['seq_len']} tokens of "
+        f"{Path(settings['calib_text']).name}, the other {windows.get('held_out')} held out. "
+        f"This build's stages: {_stage_runs(built.get('stages') or [])}.",
+        "",
+        "heads stage: its wall time (the target's hidden states, the training, the graph's "
+        "export) and the build process's peak RSS during it; a stage-cache hit (heads trained "
+        "by an earlier run) shows `cached` and no peak. training: the optimizer steps alone, "
+        "from the manifest's training report (so also after a hit). loss: KL(target || head) "
+        "averaged over the heads, mean of the first and of the last 10 steps. held-out "
+        "agreement: per head, the share of held-out positions where its token is the target's "
+        "greedy token, the tokens before it being the calibration text's; the batch-1 table's "
+        "acceptance by position follows the target's own tokens and needs every earlier draft "
+        "accepted too.",
+        "",
+        "| heads stage | peak RSS | training | steps | loss first → last | held-out agreement "
+        "by head |",
+        "|---:|---:|---:|---:|---|---|",
+        f"| {_stage_time(stage)} | {peak} | {_seconds(t.get('seconds'))} | {t.get('steps', '–')} "
+        f"| {_fmt(t.get('loss_first'))} → {_fmt(t.get('loss_last'))} | {agreement or '–'} |",
+    ]
+    return lines
+
+
+def _stage_runs(stages: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{s['stage']} {_stage_time(s)}" for s in stages) or "–"
+
+
+def _stage_time(stage: dict[str, Any]) -> str:
+    if not stage:
+        return "–"
+    return "cached" if stage["cached"] else _seconds(stage["seconds"])
 
 
 def _notes(report: dict[str, Any]) -> list[str]:
@@ -1321,6 +1480,14 @@ def _fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f} s"
+
+
+def _gib(value: int | None) -> str:
+    return "–" if value is None else f"{value / (1 << 30):.2f} GiB"
+
+
 # ----------------------------------------------------------------------------- plumbing
 
 
@@ -1377,6 +1544,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=data_dir() / "pydoc-eval.txt",
         metavar="FILE",
         help="held-out text the prompts come from (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--calib-text",
+        type=Path,
+        default=data_dir() / "pydoc-calib.txt",
+        metavar="FILE",
+        help="text the Medusa heads are trained on (the calibration windows; default: %(default)s)",
     )
     parser.add_argument("--out-dir", type=Path, default=None, metavar="DIR")
     parser.add_argument(
