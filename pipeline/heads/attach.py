@@ -1,0 +1,81 @@
+"""`speculative.heads.attach`: an existing Medusa checkpoint, checked against the target before
+any stage runs (its sizes from config.json; its tensors when the heads stage loads it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ingot.artifacts.digest import sha256_file
+
+from ..model.config import ModelConfig
+from ..model.medusa import (
+    CONFIG_FILE,
+    MedusaError,
+    MedusaHeadsModel,
+    load_medusa,
+    load_medusa_config,
+)
+from ..recipe import Recipe, RecipeError
+
+__all__ = ["AttachedHeads", "load_attached", "resolve_heads"]
+
+_WHERE = "speculative.heads.attach"
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedHeads:
+    path: Path
+    digest: str  # over config.json and the weights: the heads stage's input
+
+
+def resolve_heads(recipe: Recipe, recipe_path: Path, target: ModelConfig) -> AttachedHeads | None:
+    """The attached heads' directory (relative to the recipe file) with its digest, checked
+    against the target: vocab_size, hidden_size, at least num_speculative_tokens heads.
+    None when the recipe attaches none; RecipeError naming the field otherwise."""
+    heads = getattr(recipe.speculative, "heads", None)
+    if heads is None or heads.attach is None:
+        return None
+    path = Path(heads.attach).expanduser()
+    if not path.is_absolute():
+        path = Path(recipe_path).absolute().parent / path
+    if not (path / CONFIG_FILE).is_file():
+        raise RecipeError([f"{_WHERE}: {path} has no {CONFIG_FILE} (a Medusa checkpoint dir)"])
+    try:
+        cfg = load_medusa_config(path)
+    except MedusaError as e:
+        raise RecipeError([f"{_WHERE}: {e}"]) from None
+    problems = [
+        f"{_WHERE}: {name} {mine} differs from the target's {theirs} ({path / CONFIG_FILE})"
+        for name, mine, theirs in (
+            ("vocab_size", cfg.vocab_size, target.vocab_size),
+            ("hidden_size", cfg.hidden_size, target.hidden_size),
+        )
+        if mine != theirs
+    ]
+    k = recipe.speculative.num_speculative_tokens
+    if cfg.num_heads < k:
+        problems.append(
+            f"{_WHERE}: {cfg.num_heads} heads cannot propose num_speculative_tokens {k} tokens "
+            "(one head per token)"
+        )
+    if problems:
+        raise RecipeError(problems)
+    return AttachedHeads(path, _digest(path))
+
+
+def _digest(path: Path) -> str:
+    files = {p.name: sha256_file(p) for p in sorted(path.iterdir()) if _part_of_heads(p)}
+    blob = json.dumps(files, sort_keys=True).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def _part_of_heads(file: Path) -> bool:
+    return file.is_file() and (file.name == CONFIG_FILE or file.suffix == ".safetensors")
+
+
+def load_attached(heads: AttachedHeads) -> MedusaHeadsModel:
+    """The attached heads' weights (tensors checked against config.json)."""
+    return load_medusa(heads.path)
