@@ -30,6 +30,7 @@ __all__ = [
     "FileEntry",
     "FileRef",
     "GraphInfo",
+    "HeadsInfo",
     "InteropInfo",
     "KvScales",
     "TensorSpec",
@@ -212,20 +213,44 @@ class DraftInfo(_Strict):
     )
 
 
+class HeadsInfo(_Strict):
+    """The Medusa heads of speculative.method medusa: a graph under draft/heads/ mapping the
+    target's final hidden state [N, hidden_size] to num_heads greedy tokens [N, num_heads]."""
+
+    method: Literal["medusa"] = "medusa"
+    num_heads: Positive
+    num_layers: Positive
+    hidden_size: Positive
+    vocab_size: Positive
+    origin: Literal["train", "attach"]
+    path: str = Field(description="relative path of the heads' ONNX graph")
+    training: dict[str, Any] | None = Field(None, description="the training report (train)")
+    check: dict[str, Any] | None = Field(None, description="the graph against the heads")
+
+
 class SpeculativeInfo(_Strict):
     """The recipe's speculative decoding: the runtime's default method."""
 
-    method: Literal["ngram", "draft_model"]
+    method: Literal["ngram", "draft_model", "medusa"]
     num_speculative_tokens: Positive
     prompt_lookup_min: Positive = 1
     prompt_lookup_max: Positive = 4
     draft: DraftInfo | None = Field(None, description="present iff method is draft_model")
+    heads: HeadsInfo | None = Field(None, description="present iff method is medusa")
 
     @model_validator(mode="after")
     def _draft_iff_draft_model(self) -> SpeculativeInfo:
         if (self.draft is not None) != (self.method == "draft_model"):
             has = "has" if self.draft is not None else "lacks"
             raise ValueError(f"method {self.method} {has} a draft (present iff draft_model)")
+        if (self.heads is not None) != (self.method == "medusa"):
+            has = "has" if self.heads is not None else "lacks"
+            raise ValueError(f"method {self.method} {has} heads (present iff medusa)")
+        if self.heads is not None and self.num_speculative_tokens > self.heads.num_heads:
+            raise ValueError(
+                f"num_speculative_tokens ({self.num_speculative_tokens}) exceeds "
+                f"heads.num_heads ({self.heads.num_heads})"
+            )
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(
                 f"prompt_lookup_min ({self.prompt_lookup_min}) is above prompt_lookup_max "
@@ -276,6 +301,9 @@ class Manifest(_Strict):
         draft = self.speculative.draft if self.speculative is not None else None
         if draft is not None:
             _draft_fits_target(draft, self)
+        heads = self.speculative.heads if self.speculative is not None else None
+        if heads is not None:
+            _heads_fit_target(heads, self.model)
         return self
 
     def referenced_paths(self) -> dict[str, str]:
@@ -286,6 +314,9 @@ class Manifest(_Strict):
         refs["graph.path"] = self.graph.path
         for engine in self.engines:
             refs[f"engines[{engine.name}].path"] = engine.path
+        heads = self.speculative.heads if self.speculative is not None else None
+        if heads is not None:
+            refs["speculative.heads.path"] = heads.path
         draft = self.speculative.draft if self.speculative is not None else None
         if draft is not None:
             refs["speculative.draft.graph.path"] = draft.graph.path
@@ -302,6 +333,16 @@ def _graph_fits_model(graph: GraphInfo, model: ModelInfo, prefix: str) -> None:
             raise ValueError(
                 f"{prefix}graph.{field} ({getattr(graph, field)}) differs from "
                 f"{prefix}model.{field} ({getattr(model, field)})"
+            )
+
+
+def _heads_fit_target(heads: HeadsInfo, model: ModelInfo) -> None:
+    """The heads read the target's hidden state and propose its token ids."""
+    for field in ("hidden_size", "vocab_size"):
+        if getattr(heads, field) != getattr(model, field):
+            raise ValueError(
+                f"speculative.heads.{field} ({getattr(heads, field)}) differs from "
+                f"model.{field} ({getattr(model, field)})"
             )
 
 

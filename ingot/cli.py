@@ -118,8 +118,9 @@ def _quantization(q: dict[str, Any]) -> str:
 
 
 def _echo_speculative(manifest) -> None:
-    """inspect's lines for manifest.speculative: the method, the draft model and its engines,
-    and the mean accepted length the build measured (eval.speculative), if it did."""
+    """inspect's lines for manifest.speculative: the method, the Medusa heads or the draft
+    model and its engines, and the mean accepted length the build measured (eval.speculative),
+    if it did."""
     spec = manifest.speculative
     line = f"{spec.method}, k={spec.num_speculative_tokens}"
     if spec.method == "ngram":
@@ -131,6 +132,16 @@ def _echo_speculative(manifest) -> None:
             f"({measured['prompts']} prompts of {measured['dataset']})"
         )
     click.echo(f"  speculate  {line}")
+    heads = getattr(spec, "heads", None)
+    if heads is not None:
+        origin = heads.origin
+        if heads.training is not None:
+            agreement = " / ".join(f"{a:.2f}" for a in heads.training["held_out_agreement"])
+            origin += f" {heads.training['steps']} steps, held-out agreement {agreement}"
+        click.echo(
+            f"  heads      medusa: {heads.num_heads} heads of {heads.num_layers} layer(s), "
+            f"{heads.path} ({origin})"
+        )
     if spec.draft is None:
         return
     d = spec.draft.model

@@ -24,6 +24,7 @@ from .evaluate import (
     speculative_summary,
 )
 from .evaluate.windows import EvalWindows, eval_windows
+from .heads.attach import AttachedHeads, resolve_heads
 from .interop import write_interop
 from .interop.kv_scheme import KV_SCHEME_FORMATS, kv_scales_digest, read_kv_scales
 from .manifest_fields import (
@@ -44,6 +45,7 @@ from .stages.calibrate import PreparedCalibration, prepare_calibration
 from .stages.engine import CHECK_REPORT, ENGINE_RECORD, engine_name, run_engine
 from .stages.evaluate import run_evaluate
 from .stages.export import run_export
+from .stages.heads import run_heads
 from .stages.package import run_package
 from .stages.quantize import run_quantize
 
@@ -116,6 +118,7 @@ def build(
     model_cfg = ModelConfig.from_hf(source.hf_config)
     check_recipe_against_model(recipe, model_cfg)
     draft = resolve_draft(recipe, source, model_cfg)  # a draft that cannot serve fails here
+    attached = resolve_heads(recipe, recipe_path, model_cfg)  # and attached Medusa heads
     sign_key = _sign_key(recipe, recipe_path)  # a missing key fails before any stage runs
     chat_template = recipe_chat_template(recipe, recipe_path)  # and a missing template
     evaluation = eval_windows(recipe, recipe_path, source.path)  # unreadable data fails here
@@ -160,6 +163,9 @@ def build(
     target = _compile(
         stage, recipe, _Model("", source.path, source_digest, recipe.quantize, calibration)
     )
+    heads = None
+    if getattr(recipe.speculative, "heads", None) is not None:
+        heads = _heads(stage, recipe, target, attached, calibration)
     drafted = None
     if draft is not None:
         # The draft goes through the same stages under names of its own (draft-quantize, ...)
@@ -201,6 +207,8 @@ def build(
         }
         if drafted is not None:
             dirs["draft_engine"] = (drafted.engine_dirs[first], drafted.engine_digests[first])
+        if heads is not None:
+            dirs["heads"] = heads
         e_dir = _evaluate(
             stage, evaluation, spec_eval, dirs, first, model_cfg, recipe.export.max_seq_len
         )
@@ -230,7 +238,8 @@ def build(
     }
     if recipe.speculative is not None:
         draft_cfg = draft.cfg if draft is not None else None
-        fields["speculative"] = speculative_fields(recipe, draft_cfg, drafted)
+        heads_dir = heads[0] if heads is not None else None
+        fields["speculative"] = speculative_fields(recipe, draft_cfg, drafted, heads_dir)
     report("package", "start")
     peak.start()
     started = time.perf_counter()
@@ -240,6 +249,7 @@ def build(
         export_dir=target.export_dir,
         engine_dirs=target.engine_dirs,
         draft_engine_dirs=drafted.engine_dirs if drafted is not None else None,
+        heads_dir=heads[0] if heads is not None else None,
         lock=lock,
         manifest_fields=fields,
         extra_dirs=extra_dirs,
@@ -283,7 +293,7 @@ def _compile(stage, recipe: Recipe, model: _Model) -> Compiled:
         export_inputs,
         lambda tmp: run_export(q_dir, recipe.export, recipe.kv_cache, tmp, calibration_dir=c_dir),
     )
-    compiled = Compiled(q_dir, q_digest, x_dir)
+    compiled = Compiled(q_dir, q_digest, x_dir, calibrated=calibrated)
     for target in recipe.targets:
         name = engine_name(target)
         # The engine stage also reads the IR: it checks the engine it builds against it.
@@ -297,6 +307,43 @@ def _compile(stage, recipe: Recipe, model: _Model) -> Compiled:
         compiled.records.append(json.loads((e_dir / ENGINE_RECORD).read_text()))
         compiled.checks.append(json.loads((e_dir / CHECK_REPORT).read_text()))
     return compiled
+
+
+def _heads(
+    stage,
+    recipe: Recipe,
+    target: Compiled,
+    attached: AttachedHeads | None,
+    calibration: PreparedCalibration | None,
+) -> tuple[Path, str]:
+    """The Medusa heads stage: attached heads keyed by their files' digest, trained ones by
+    the quantized target and the calibration windows they learn on (resumable)."""
+    spec = recipe.speculative.heads
+    # The attach path is not in the key (its files' digest is): moving the checkpoint is free.
+    slice_: dict[str, Any] = {"heads": spec.model_dump(mode="json", exclude={"attach"})}
+    if attached is not None:
+        return stage(
+            "heads",
+            slice_,
+            {"attach": attached.digest},
+            lambda tmp: run_heads(spec, tmp, attached=attached),
+        )
+    c_dir, c_digest = target.calibrated
+    slice_["calibration"] = calibration.key_slice
+    inputs = {
+        "quantize": target.quantize_digest,
+        "calibrate": c_digest,
+        "dataset": calibration.calibration.dataset_digest,
+    }
+    return stage(
+        "heads",
+        slice_,
+        inputs,
+        lambda tmp, work: run_heads(
+            spec, tmp, ir_dir=target.quantize_dir, calibration_dir=c_dir, work_dir=work
+        ),
+        resumable=True,
+    )
 
 
 def _calibrate(stage, model: _Model) -> tuple[Path, str] | None:
@@ -345,7 +392,8 @@ def _evaluate(
     max_seq_len: int,
 ) -> Path:
     """The evaluate stage over the stage outputs ``dirs`` ({"source" | "quantize" | "engine" |
-    "draft_engine": (directory, digest)}, the draft's with a draft model); ``engine`` names the
+    "draft_engine" | "heads": (directory, digest)}, the draft's with a draft model, the heads
+    with Medusa); ``engine`` names the
     engine measured. Perplexity with ``evaluation``, speculation with ``spec_eval``."""
     (s_dir, s_digest), (q_dir, _), (e_dir, e_digest) = (
         dirs[name] for name in ("source", "quantize", "engine")
@@ -357,17 +405,20 @@ def _evaluate(
         # max_delta is left out of the key: changing the gate re-judges, it does not re-measure.
         slice_["perplexity"] = evaluation.spec.model_dump(mode="json", exclude={"max_delta"})
         inputs |= {"quantize": dirs["quantize"][1], "dataset": evaluation.digest}
-    draft_dir = None
+    draft_dir = heads_dir = None
     if spec_eval is not None:
         slice_["speculative"] = spec_eval.key_slice()
         inputs["speculative_dataset"] = spec_eval.digest
         if spec_eval.method.method == "draft_model":
             draft_dir, inputs["draft_engine"] = dirs["draft_engine"]
+        if spec_eval.method.method == "medusa":
+            heads_dir, inputs["heads"] = dirs["heads"]
         runtime += [
             "ingot.runtime.generate",
             "ingot.runtime.speculative.load",
             "ingot.runtime.speculative.draft_model",
             "ingot.runtime.speculative.ngram",
+            "ingot.runtime.speculative.medusa",
         ]
     inputs["runtime"] = _runtime_digest(runtime)
     out, _ = stage(
@@ -382,6 +433,7 @@ def _evaluate(
             perplexity_windows=evaluation,
             speculative=spec_eval,
             draft_engine_dir=draft_dir,
+            heads_dir=heads_dir,
             cfg=cfg,
             max_seq_len=max_seq_len,
         ),

@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .heads.export import MODEL_FILE as HEADS_MODEL
 from .model.config import ModelConfig
 from .recipe import Recipe
 from .stages.export import GRAPH_INFO
-from .stages.package import DRAFT_DIR
+from .stages.heads import HEADS_RECORD
+from .stages.package import DRAFT_DIR, HEADS_DIR
 
 __all__ = ["Compiled", "eval_and_interop_fields", "manifest_fields", "speculative_fields"]
 
@@ -28,6 +30,7 @@ class Compiled:
     engine_digests: dict[str, str] = field(default_factory=dict)
     records: list[dict] = field(default_factory=list)  # engine.json, in target order
     checks: list[dict] = field(default_factory=list)  # check.json, in target order
+    calibrated: tuple[Path, str] | None = None  # the calibrate stage's (directory, digest)
 
 
 def manifest_fields(
@@ -70,12 +73,26 @@ def _model_fields(recipe: Recipe, cfg: ModelConfig, q_dir: Path) -> dict:
 
 
 def speculative_fields(
-    recipe: Recipe, draft: ModelConfig | None, drafted: Compiled | None
+    recipe: Recipe,
+    draft: ModelConfig | None,
+    drafted: Compiled | None,
+    heads_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """The manifest's `speculative`: the recipe's section, and for draft_model the draft's
-    model (of config `draft`), graph interface and engines under draft/ (its graph's path is
-    its first engine's: no portable graph of the draft is shipped)."""
-    fields = recipe.speculative.model_dump(mode="json", exclude={"draft"})
+    """The manifest's `speculative`: the recipe's section, for draft_model the draft's model
+    (of config `draft`), graph interface and engines under draft/ (its graph's path is its
+    first engine's: no portable graph of the draft is shipped), for medusa the heads (the
+    heads stage's record in ``heads_dir``) under draft/heads/."""
+    fields = recipe.speculative.model_dump(mode="json", exclude={"draft", "heads"})
+    if heads_dir is not None:
+        record = json.loads((heads_dir / HEADS_RECORD).read_text())
+        fields["heads"] = {
+            "method": "medusa",
+            **{k: record[k] for k in ("num_heads", "num_layers", "hidden_size", "vocab_size")},
+            "origin": record["origin"],
+            "path": f"{HEADS_DIR}{HEADS_MODEL}",
+            "training": record["training"],
+            "check": record["check"],
+        }
     if draft is None or drafted is None:
         return fields
     engines = [

@@ -205,8 +205,9 @@ def _model_stages(
         stages.append(_calibrate(recipe, recipe_path))
         stages.append(_quantize_layerwise(shapes, recipe, calibrated))
     else:
-        if recipe.kv_cache.quantized and recipe.calibration is not None:
-            stages.append(_calibrate(recipe, recipe_path))  # the KV scales' windows
+        windows = recipe.kv_cache.quantized or (not prefix and recipe.trains_heads())
+        if windows and recipe.calibration is not None:
+            stages.append(_calibrate(recipe, recipe_path))  # the KV scales' / heads' windows
         stages.append(_quantize_rtn(shapes, entries, weights))
     onnx_bytes = _quantized_bytes(shapes, entries)
     ir_bytes = _quantized_bytes(shapes, entries, code_bits=8)
@@ -217,9 +218,38 @@ def _model_stages(
         name = f"{target.engine}-{target.device}"
         exact_first = target.matmul_accuracy_level == 4
         stages.append(_engine(shapes, name, onnx_bytes, exact_first))
+    if not prefix and getattr(recipe.speculative, "heads", None) is not None:
+        stages.append(_heads(shapes, recipe))
     for estimate in stages:
         estimate.stage = prefix + estimate.stage
     return _ModelStages(stages, onnx_bytes, ir_bytes)
+
+
+def _heads(shapes: _Shapes, recipe: Recipe) -> StageEstimate:
+    """Medusa heads: trained, the target's hidden states over every calibration window
+    (held), one forward of the model over them, then per step per head the teacher's and the
+    head's lm_head forward and the head's backward (~4 matmuls of batch x hidden x vocab);
+    attached, a load and an export."""
+    c = CONSTANTS
+    h, v = shapes.cfg.hidden_size, shapes.cfg.vocab_size
+    spec = recipe.speculative.heads
+    train = spec.train
+    num_heads = train.num_heads if train is not None else recipe.speculative.num_speculative_tokens
+    head_bytes = num_heads * (h * v + h * h) * 4
+    if train is None:
+        return StageEstimate(
+            "heads", int(c["runtime_baseline_bytes"] + 2 * head_bytes), 5.0, "attach"
+        )
+    cal = recipe.calibration
+    tokens = cal.samples * cal.seq_len
+    hidden = tokens * h * 4
+    forward = 2 * tokens * shapes.params / c["flops_per_second"]
+    per_step = num_heads * train.batch_size * 2 * h * (4 * v + 3 * h * train.num_layers)
+    seconds = forward + train.steps * per_step / c["flops_per_second"]
+    # the hidden states, the heads with AdamW's two moments and their gradients, one layer
+    peak = c["runtime_baseline_bytes"] + hidden + 4 * head_bytes + shapes.layer_params * 4
+    note = f"{train.steps} steps over {cal.samples} x {cal.seq_len} hidden states"
+    return StageEstimate("heads", int(peak), seconds, note)
 
 
 @dataclass(slots=True)

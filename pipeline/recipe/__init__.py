@@ -28,7 +28,15 @@ from .quantize import (
 )
 from .recipe import STAGES, Recipe, recipe_json_schema
 from .source import HubSource, LocalSource, Source
-from .speculative import Draft, DraftModelSpeculative, NgramSpeculative, Speculative
+from .speculative import (
+    Draft,
+    DraftModelSpeculative,
+    MedusaHeads,
+    MedusaSpeculative,
+    MedusaTrain,
+    NgramSpeculative,
+    Speculative,
+)
 from .targets import OnnxRuntimeTarget, Target
 
 __all__ = [
@@ -38,6 +46,9 @@ __all__ = [
     "Calibration",
     "Draft",
     "DraftModelSpeculative",
+    "MedusaHeads",
+    "MedusaSpeculative",
+    "MedusaTrain",
     "Evaluate",
     "Export",
     "Fp8Quantize",

@@ -52,7 +52,8 @@ class Recipe(_Strict):
     speculative: Speculative | None = Field(
         default=None,
         description="Speculative decoding: the runtime's default method, recorded in the "
-        "manifest; method draft_model also builds the draft model into the artifact's draft/.",
+        "manifest; method draft_model also builds the draft model into the artifact's draft/, "
+        "method medusa its heads into draft/heads/.",
     )
     artifact: Artifact = Field(description="Name and version of the result.")
 
@@ -70,6 +71,18 @@ class Recipe(_Strict):
                 "calibration: required field missing: {needing} needs calibration data "
                 "(add a `calibration:` section with dataset, samples, seq_len)",
                 {"needing": ", ".join(needing)},
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _calibration_for_trained_heads(self) -> Recipe:
+        # The heads learn from the target's hidden states on the calibration windows.
+        if self.trains_heads() and self.calibration is None:
+            raise PydanticCustomError(
+                "calibration_missing",
+                "speculative.heads.train: needs calibration data, the text the heads are "
+                "trained on (add a `calibration:` section with dataset, samples, seq_len)",
+                {},
             )
         return self
 
@@ -129,6 +142,11 @@ class Recipe(_Strict):
         if problem is not None:
             raise PydanticCustomError("evaluate_speculative", "{problem}", {"problem": problem})
         return self
+
+    def trains_heads(self) -> bool:
+        """Whether the build trains Medusa heads (on the calibration windows)."""
+        heads = getattr(self.speculative, "heads", None)
+        return heads is not None and heads.train is not None
 
     def draft(self) -> Draft | None:
         """The draft model to build (`speculative.draft`, method draft_model), or None."""

@@ -1,23 +1,33 @@
 """The `speculative` section: how the runtime drafts tokens for the target to verify, and the
 draft model the build compiles for it.
 
-One member per method, discriminated by `method` (a new method, medusa or eagle, is one more
-class in the union): `ngram` builds nothing and is only recorded in the manifest; `draft_model`
-builds a second, smaller checkpoint through the target's stages into the artifact's `draft/`.
+One member per method, discriminated by `method` (a new method, eagle, is one more class in
+the union): `ngram` builds nothing and is only recorded in the manifest; `draft_model` builds a
+second, smaller checkpoint through the target's stages into the artifact's `draft/`; `medusa`
+trains (or attaches) heads on the target's final hidden state and exports them to
+`draft/heads/`.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from .base import _Strict
 from .quantize import Quantize
 from .source import Source
 
-__all__ = ["Draft", "DraftModelSpeculative", "NgramSpeculative", "Speculative"]
+__all__ = [
+    "Draft",
+    "DraftModelSpeculative",
+    "MedusaHeads",
+    "MedusaSpeculative",
+    "MedusaTrain",
+    "NgramSpeculative",
+    "Speculative",
+]
 
 _MAX_SPECULATIVE_TOKENS = 16
 
@@ -78,6 +88,65 @@ class DraftModelSpeculative(_Strict):
     draft: Draft = Field(description="The draft model to build.")
 
 
+class MedusaTrain(_Strict):
+    """Self-distillation of Medusa heads against the quantized target, on the recipe's
+    calibration windows: head k learns the target's own next-token distribution k + 1
+    positions further on, from the target's final hidden state (`pipeline/heads/train.py`)."""
+
+    num_heads: int = Field(default=4, ge=1, le=_MAX_SPECULATIVE_TOKENS, description="Heads.")
+    num_layers: int = Field(
+        default=1, ge=1, le=4, description="Residual SiLU blocks per head (Medusa's ResBlock)."
+    )
+    steps: int = Field(default=600, ge=1, description="Optimizer steps (AdamW).")
+    learning_rate: float = Field(default=1e-3, gt=0, description="AdamW learning rate.")
+    batch_size: int = Field(default=64, ge=1, description="Positions per step.")
+    seed: int = Field(default=0, ge=0, description="Seed for the positions each step draws.")
+
+
+class MedusaHeads(_Strict):
+    """Where the heads come from: trained here (`train`), or an existing checkpoint in vLLM's
+    Medusa layout (`attach`: config.json + safetensors, blocks.{h}.layers.{l}, lm_heads.{h})."""
+
+    train: MedusaTrain | None = Field(default=None, description="Train heads in the build.")
+    attach: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Directory of a Medusa checkpoint in vLLM's layout (relative to the "
+        "recipe file); its vocab_size and hidden_size must be the target's.",
+    )
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> MedusaHeads:
+        if (self.train is None) == (self.attach is None):
+            raise PydanticCustomError(
+                "heads_origin", "give exactly one of `train` and `attach`", {}
+            )
+        return self
+
+
+class MedusaSpeculative(_Strict):
+    """Medusa heads propose the tokens from the target's final hidden state: no draft model
+    and no KV cache of their own, one small graph call per step."""
+
+    method: Literal["medusa"] = Field(description="Speculative decoding method.")
+    num_speculative_tokens: NumSpeculativeTokens
+    heads: MedusaHeads = Field(description="Train the heads, or attach existing ones.")
+
+    @model_validator(mode="after")
+    def _enough_heads(self) -> MedusaSpeculative:
+        train = self.heads.train
+        if train is not None and self.num_speculative_tokens > train.num_heads:
+            raise PydanticCustomError(
+                "heads_count",
+                "num_speculative_tokens ({k}) exceeds speculative.heads.train.num_heads ({n}): "
+                "one head proposes each token",
+                {"k": self.num_speculative_tokens, "n": train.num_heads},
+            )
+        return self
+
+
 # Discriminated by `method`: an unknown method fails with the list of known ones, and a field
 # of another method (draft under ngram, prompt_lookup_* under draft_model) is an unknown field.
-Speculative = Annotated[NgramSpeculative | DraftModelSpeculative, Field(discriminator="method")]
+Speculative = Annotated[
+    NgramSpeculative | DraftModelSpeculative | MedusaSpeculative, Field(discriminator="method")
+]

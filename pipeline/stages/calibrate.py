@@ -125,11 +125,12 @@ def prepare_calibration(
 ) -> PreparedCalibration | None:
     """The recipe's calibration windows, tokenized by the checkpoint at `source_path` (of
     config `cfg`), and its device resolved on this host; None when no entry of `entries` (the
-    recipe's `quantize` by default; a draft model's list) needs them and the KV cache is not
-    int8 / fp8, whose scales are calibrated on them (RTN ignores the whole section, device
-    included)."""
+    recipe's `quantize` by default; a draft model's list) needs them, the KV cache is not
+    int8 / fp8, whose scales are calibrated on them, and no Medusa heads are trained on them
+    (RTN ignores the whole section, device included)."""
+    trains_heads = entries is None and recipe.trains_heads()  # the target's windows only
     entries = recipe.quantize if entries is None else entries
-    if not needs_calibration(entries) and not recipe.kv_cache.quantized:
+    if not needs_calibration(entries) and not recipe.kv_cache.quantized and not trains_heads:
         return None
     settings = DeviceSettings(
         resolve_device(recipe.calibration.device, file=str(recipe_path)),

@@ -19,6 +19,7 @@ from ..evaluate.perplexity import perplexity
 from ..evaluate.report import perplexity_report, render_markdown
 from ..evaluate.speculative import SpeculativePrompts, measure_speculation
 from ..evaluate.windows import EvalWindows
+from ..heads.export import MODEL_FILE as HEADS_MODEL
 from ..model.config import ModelConfig
 from ..model.load import load_model
 from ..quantize.checkpoint import load_ir
@@ -36,13 +37,15 @@ def run_evaluate(
     perplexity_windows: EvalWindows | None = None,
     speculative: SpeculativePrompts | None = None,
     draft_engine_dir: Path | None = None,
+    heads_dir: Path | None = None,
     cfg: ModelConfig | None = None,
     max_seq_len: int | None = None,
 ) -> None:
     """Write report.json and report.md (measurements only: the gates are the build's call, so
     changing `max_delta` or `min_accepted_length` re-uses this stage). `speculative` needs the
-    model's `cfg` and the exported `max_seq_len`, and for draft_model the draft's engine stage
-    output of the first target's name (`draft_engine_dir`)."""
+    model's `cfg` and the exported `max_seq_len`, for draft_model the draft's engine stage
+    output of the first target's name (`draft_engine_dir`), for medusa the heads stage's output
+    (`heads_dir`)."""
     report = {}
     if perplexity_windows is not None:
         report["perplexity"] = _perplexity(source_path, ir_dir, engine_dir, perplexity_windows)
@@ -58,6 +61,7 @@ def run_evaluate(
             sliding_window=cfg.sliding_window,
             vocab_size=cfg.vocab_size,
             eos_token_ids=tuple(cfg.eos_token_ids),
+            heads_file=heads_dir / HEADS_MODEL if heads_dir is not None else None,
         )
         gc.collect()
     (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -24,11 +24,15 @@ from ingot.artifacts.digest import copy_file_sha256, sha256_bytes
 
 from ..chat_template import chat_template_of
 
-__all__ = ["DRAFT_DIR", "run_package"]
+__all__ = ["DRAFT_DIR", "HEADS_DIR", "run_package"]
 
 # A draft model's engines: draft/engines/<name>/ (no portable graph of the draft is shipped:
 # the runtime loads engines only, and the target's model.onnx is the portable one).
 DRAFT_DIR = "draft/"
+# Medusa heads: draft/heads/model.onnx(.data) (the heads stage's graph; its record goes into the
+# manifest, the vLLM-layout copy stays in the stage cache).
+HEADS_DIR = "draft/heads/"
+_HEADS_FILES = ("model.onnx", "model.onnx.data")
 
 
 # {path inside the artifact: (size, sha256 hex)} of the files copied so far.
@@ -73,13 +77,15 @@ def run_package(
     sign_key: Path | None = None,
     chat_template: str | None = None,
     known_digests: Mapping[Path, str] | None = None,
+    heads_dir: Path | None = None,
 ) -> tuple[Any, str]:
     """Write the artifact to a sibling temp dir, then swap it in: a failure keeps the old one.
 
     `chat_template` (the recipe's artifact.chat_template, read) is shipped instead of the
     checkpoint's template; `draft_engine_dirs` (a draft model's engine stages) go under
-    draft/engines/; `known_digests` {stage file: sha256} are digests the build already
-    holds (module docstring)."""
+    draft/engines/; `heads_dir` (the Medusa heads stage) ships its graph under draft/heads/;
+    `known_digests` {stage file: sha256} are digests the build already holds (module
+    docstring)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -91,6 +97,9 @@ def run_package(
             copy.tree(engine_dir, tmp / "engines" / name)
         for name, engine_dir in (draft_engine_dirs or {}).items():
             copy.tree(engine_dir, tmp / DRAFT_DIR / "engines" / name)
+        if heads_dir is not None:
+            for name in _HEADS_FILES:
+                copy.file(heads_dir / name, tmp / HEADS_DIR / name)
         for rel, stage_dir in (extra_dirs or {}).items():  # eval/, interop/<format>/: as is
             copy.tree(stage_dir, tmp / rel, with_json=True)
         copy.file(source / "tokenizer.json", tmp / "tokenizer.json")
