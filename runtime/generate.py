@@ -330,7 +330,7 @@ class Generator:
         last, new_kv = self.session.run(inputs)  # [S, V]: each sequence's last new token
         hidden = self.session.hidden if self._needs_hidden else None  # [S, H], as `last`
         inputs.write_kv(self.pool, new_kv)
-        if observe and self.speculation is not None:
+        if observe and self._drafts_soon():
             self.speculation.drafter.observe(inputs, chunks)  # a draft model prefills too
         # What every row needs, in one vector operation each rather than one call per row.
         normalizers = logsumexp_rows(last)  # [S]
@@ -438,6 +438,15 @@ class Generator:
             self.scheduler.cache_computed_blocks(seq)
             self._retire_if_finished(self._requests[seq.id])
         return outputs
+
+    def _drafts_soon(self) -> bool:
+        """Whether a draft model should compute this prefill too: not while more requests run
+        than drafting allows (`disable_by_batch_size`), when no step would use its K/V; it
+        catches up on the tokens it missed when drafting resumes (draft_model.py). At 32
+        requests that prefill cost 10% of throughput with no draft ever proposed
+        (benchmarks/results/speculative.md before this)."""
+        spec = self.speculation
+        return spec is not None and spec.policy.step_drafts(len(self.scheduler.running))
 
     @property
     def _needs_hidden(self) -> bool:

@@ -82,3 +82,27 @@ def test_the_callers_config_overrides_the_artifacts(artifact):
     model = LoadedModel.load(artifact, speculative_config={"method": "ngram"})
     assert model.draft is None  # no draft pool for a method that does not use it
     assert isinstance(model.generator().speculation.drafter, NgramDrafter)
+
+
+def test_above_the_batch_limit_the_draft_skips_prefills_and_catches_up_later(artifact):
+    plain = LoadedModel.load(artifact, speculative_config=False).generator()
+    expected = [c.token_ids for c in plain.generate(PROMPTS, GREEDY)]
+    # Three requests at once, drafting only at batch size 1: the prefills (all three running)
+    # skip the draft; drafting starts when one request runs alone, after catching up.
+    config = {**NO_BACKOFF, "disable_by_batch_size": 1}
+    generator = LoadedModel.load(artifact, speculative_config=config).generator()
+    drafter = generator.speculation.drafter
+    observed = []
+    real = drafter.observe
+
+    def spy(batch, chunks):
+        observed.append(len(chunks))
+        real(batch, chunks)
+
+    drafter.observe = spy
+    lengths = [24, 8, 16]  # the first request ends alone, its last 8 tokens drafted
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
+    got = [c.token_ids for c in generator.generate(PROMPTS, params)]
+    assert observed == []  # every prefill ran with three requests
+    assert got == [want[:n] for want, n in zip(expected, lengths, strict=True)]
+    assert generator.speculation.stats.num_draft_tokens > 0  # it drafted once alone
