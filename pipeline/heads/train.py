@@ -93,7 +93,7 @@ def train_heads(
         loss.backward()
         optimizer.step()
         step += 1
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if step % CHECKPOINT_EVERY == 0 and step < spec.steps:
             _checkpoint(work_dir, heads, optimizer, sampler, step, losses)
     heads.eval()

@@ -110,7 +110,8 @@ def test_attached_heads_of_another_model_are_refused_before_any_work(trained, tm
     checkpoint = tmp_path / "medusa-heads"
     shutil.copytree(_heads_dir(result, cache) / "vllm", checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
-    (checkpoint / "config.json").write_text(json.dumps({**config, "vocab_size": 32000}))
+    other = {**config, "vocab_size": 32000, "truncated_vocab_size": 32000}  # another model's
+    (checkpoint / "config.json").write_text(json.dumps(other))
     recipe = _recipe(tmp_path, heads={"attach": str(checkpoint)}, num_speculative_tokens=5)
     empty = StageCache(tmp_path / "empty")
     with pytest.raises(RecipeError) as e:

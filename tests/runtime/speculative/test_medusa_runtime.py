@@ -68,7 +68,7 @@ def write_heads(path: Path, weight: np.ndarray) -> Path:
         str(path),
         save_as_external_data=True,
         location=path.name + ".data",
-        size_threshold=0,
+        size_threshold=1024,  # small tensors (the Reshape shape) stay inline
     )
     return path
 
