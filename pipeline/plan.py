@@ -34,6 +34,9 @@ __all__ = [
 
 CONSTANTS = {
     "flops_per_second": 30e9,  # fp32 matmul throughput of torch on the reference machine
+    # ... on the calibrated quantizers' and the heads' training's large batched matmuls
+    # (1B shape, GPTQ 32 x 512: 1390 s measured, 3656 s at the rate above)
+    "batched_flops_per_second": 75e9,
     "cuda_flops_per_second": 20e12,  # what calibration sustains on a datacenter GPU (fp32)
     "rtn_weights_per_second": 170e6,  # RTN rounding (scales, codes) on the reference machine
     "export_weights_per_second": 230e6,  # quantized layer weights packed into the graph's data
@@ -46,7 +49,13 @@ CONSTANTS = {
     # for the lm_head's Gemm, beside the Gather's copy.
     "engine_resident_factor": 1.0,
     "tied_embedding_factor": 2.0,
-    "package_seconds": 4.0,  # manifest, lock, signature, renames
+    "package_seconds": 0.5,  # manifest, lock, signature, renames
+    # copy_file_range of the stage files (page cache, then the disk past the dirty limit):
+    # 1B 3.1 GB 1.2 s, 3B 6.2 GB 3.0 s, 8B 15.8 GB 14 s (benchmarks/results/scale.md)
+    "package_bytes_per_second": 1.2e9,
+    # torch's autograd and optimizer, onnx and onnxruntime imported by the heads stage
+    # (demo-medusa: 0.82 GiB measured at a 16 MiB model)
+    "training_overhead_bytes": 350 * 2**20,
     "work_chunk_bytes": 32 * 2**20,  # rows the quantizers and the exporter handle at once
     "tokenize_bytes_per_second": 1e6,  # tokenizers, byte-level BPE, one thread
     # Fitted on benchmarks/results/scale.json (1B and 8B shapes, this machine, warm page cache):
@@ -137,9 +146,10 @@ def plan_build(
     if evaluation is not None:
         plan.stages.append(evaluation)
     engines = len(recipe.targets) * model.onnx_bytes + (draft.engine_bytes if draft else 0)
-    package = CONSTANTS["package_seconds"] + (model.onnx_bytes + engines) / _DISK_RATE
+    c = CONSTANTS
+    package = c["package_seconds"] + (model.onnx_bytes + engines) / c["package_bytes_per_second"]
     base = CONSTANTS["runtime_baseline_bytes"]
-    plan.stages.append(StageEstimate("package", base, package, "copy, hashing"))
+    plan.stages.append(StageEstimate("package", base, package, "copy (digests from the cache)"))
     hub = "hub" in recipe.stage_slice("source")["source"]
     plan.disk = _disk(
         recipe, shapes, model.onnx_bytes, weights if hub and source_dir is None else 0
@@ -245,9 +255,10 @@ def _heads(shapes: _Shapes, recipe: Recipe) -> StageEstimate:
     hidden = tokens * h * 4
     forward = 2 * tokens * shapes.params / c["flops_per_second"]
     per_step = num_heads * train.batch_size * 2 * h * (4 * v + 3 * h * train.num_layers)
-    seconds = forward + train.steps * per_step / c["flops_per_second"]
+    seconds = forward + train.steps * per_step / c["batched_flops_per_second"]
     # the hidden states, the heads with AdamW's two moments and their gradients, one layer
-    peak = c["runtime_baseline_bytes"] + hidden + 4 * head_bytes + shapes.layer_params * 4
+    peak = c["runtime_baseline_bytes"] + c["training_overhead_bytes"] + hidden + 4 * head_bytes
+    peak += shapes.layer_params * 4
     note = f"{train.steps} steps over {cal.samples} x {cal.seq_len} hidden states"
     return StageEstimate("heads", int(peak), seconds, note)
 
@@ -407,15 +418,18 @@ def _quantize_layerwise(
     methods |= {"gptq" for e in entries if getattr(e, "weights", None) == "gptq"}  # smoothquant
     widest_in = max(k for _, k in shapes.linears())
     hessian = widest_in**2 * 4 * 2 if "gptq" in methods else 0
+    # GPTQ also holds the widest linear's inputs over every token twice (the store it observes
+    # and the forward's own intermediate): 1B shape, 32 x 512 tokens, 1.0 GiB of its 3.4 GiB
+    inputs = 2 * tokens * widest_in * 4 if "gptq" in methods else 0
     layer = shapes.layer_params * 4 * 3  # float layer, its quantized form, a dequantized view
-    work = layer + hessian + 4 * CONSTANTS["chunk_bytes"]
+    work = layer + hessian + inputs + 4 * CONSTANTS["chunk_bytes"]
     device = str(getattr(cal, "device", "cpu"))
     on_gpu = device.startswith("cuda")
     # The embedding is read before layer 0 (to embed the calibration tokens) and again when the
     # IR is assembled, never beside a layer's work.
     host = act_bytes + max(shapes.embed_params * 4, shapes.layer_params * 5 if on_gpu else work)
     peak = CONSTANTS["runtime_baseline_bytes"] + host
-    flops = CONSTANTS["cuda_flops_per_second" if on_gpu else "flops_per_second"]
+    flops = CONSTANTS["cuda_flops_per_second" if on_gpu else "batched_flops_per_second"]
     attention = 4 * cal.samples * cal.seq_len**2 * c.num_heads * c.head_dim
     forward = 2 * shapes.layer_params * tokens + attention
     per_layer = CONSTANTS["forward_passes_per_layer"] * forward
