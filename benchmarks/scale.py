@@ -252,7 +252,7 @@ def _markdown(report: dict[str, Any]) -> str:
     lines += ["", "| shape | tool | method | wall s | peak RSS GiB | artifact GiB | note |"]
     lines.append("|---|---|---|---:|---:|---:|---|")
     for b in report["builds"]:
-        peak = b.get("peak_rss_bytes") or b.get("max_rss_bytes")
+        peak = b.get("peak_rss_bytes") or _build_peak(b)
         note = "" if b.get("ok") else b.get("error", "")[:120].replace("\n", " ")
         lines.append(
             f"| {b['shape']} | {b['tool']} | {b['method']} | {b.get('seconds', 0):.0f} | "
@@ -284,6 +284,13 @@ def _markdown(report: dict[str, Any]) -> str:
             else:
                 lines.append(f"| {tool} | failed: {d.get('error', '')[:100]} | | |")
     return "\n".join(lines) + "\n"
+
+
+def _build_peak(build: dict[str, Any]) -> int | None:
+    """An ingot build's peak: the largest stage peak (ru_maxrss after a build is only its last
+    stage's, since the build resets the high-water mark per stage), or the recorded maximum."""
+    peaks = [m.get("peak_rss_bytes") or 0 for m in build.get("stages", {}).values()]
+    return max(peaks + [build.get("max_rss_bytes") or 0]) or None
 
 
 def _log(message: str) -> None:

@@ -5,6 +5,10 @@ what the stage before it freed but glibc kept must not count as this stage's) an
 resident set (``VmHWM``) is reset to the current one (``/proc/self/clear_refs``, "5"); at its
 end ``VmHWM`` is the stage's peak. No sampling, so a short spike is not missed. Where the
 kernel offers no reset (not Linux, or a restricted /proc) every stage reports None.
+
+The reset is the process's: after a build, `getrusage(RUSAGE_SELF).ru_maxrss` (and VmHWM) is
+the last stage's peak, not the whole process's; a caller after that should take the largest
+`StageRun.peak_rss_bytes`.
 """
 
 from __future__ import annotations
