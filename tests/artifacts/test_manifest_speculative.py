@@ -1,5 +1,6 @@
-"""Manifest `speculative`: optional (old manifests load), a draft iff draft_model, and a draft
-the runtime can pair with the target (block size, vocabulary, engines, files)."""
+"""Manifest `speculative`: optional (old manifests load), a draft iff draft_model, a draft the
+runtime can pair with the target (block size, vocabulary, engines, files), Medusa heads iff
+medusa, sized for the target and listed."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from fixtures import write_files
 LOCK = b'{"lock_version": 1}\n'
 ENGINE = "engines/onnxruntime-cpu/model.onnx"
 DRAFT_ENGINE = "draft/engines/onnxruntime-cpu/model.onnx"
+HEADS = "draft/heads/model.onnx"
 FILES = {
     "ingot.lock": LOCK,
     "tokenizer.json": b"{}",
     "model.onnx": b"graph",
     ENGINE: b"engine",
     DRAFT_ENGINE: b"draft engine",
+    HEADS: b"heads",
 }
 
 
@@ -149,9 +152,14 @@ def _draft_with(**changes: Any) -> dict[str, Any]:
             id="lookup-range",
         ),
         pytest.param(
-            {"method": "medusa", "num_speculative_tokens": 2},
+            {"method": "eagle", "num_speculative_tokens": 2},
             "speculative.method",
             id="unknown-method",
+        ),
+        pytest.param(
+            {"method": "medusa", "num_speculative_tokens": 2},
+            "method medusa lacks heads (present iff medusa)",
+            id="medusa-without-heads",
         ),
         pytest.param(
             _draft_with(graph__kv_block_size=8),
@@ -194,3 +202,34 @@ def test_every_draft_path_must_be_listed(root):
     assert f"{missing}: referenced by speculative.draft.graph.path but not listed in files" in (
         err.value.problems
     )
+
+
+def _medusa(**heads: Any) -> dict[str, Any]:
+    spec = {"num_heads": 3, "num_layers": 1, "hidden_size": 8, "vocab_size": 32}
+    spec |= {"origin": "train", "path": HEADS, **heads}
+    return {"method": "medusa", "num_speculative_tokens": 3, "heads": spec}
+
+
+def test_medusa_heads_round_trip(root):
+    write_manifest(root, fields(_medusa()))
+    heads = read_manifest(root).speculative.heads
+    assert (heads.method, heads.num_heads, heads.path, heads.training) == ("medusa", 3, HEADS, None)
+
+
+@pytest.mark.parametrize(
+    "speculative, expected",
+    [
+        (_medusa(vocab_size=64), "speculative.heads.vocab_size (64) differs from model.vocab_size"),
+        (_medusa(hidden_size=16), "speculative.heads.hidden_size (16) differs"),
+        (_medusa(num_heads=2), "num_speculative_tokens (3) exceeds heads.num_heads (2)"),
+        (
+            {**_medusa(), "method": "ngram"},
+            "method ngram has heads (present iff medusa)",
+        ),
+        (_medusa(path="draft/heads/other.onnx"), "referenced by speculative.heads.path"),
+    ],
+)
+def test_heads_the_target_cannot_use_are_refused(root, speculative, expected):
+    with pytest.raises(ArtifactError) as err:
+        write_manifest(root, fields(speculative))
+    assert any(expected in p for p in err.value.problems), err.value.problems

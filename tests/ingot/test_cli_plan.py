@@ -26,6 +26,22 @@ def test_plan_prints_every_stage_with_memory_and_time():
     assert "gptq layer by layer" in result.output and "peak" in result.output
 
 
+def test_plan_lists_the_medusa_heads_stage_and_its_training(tmp_path):
+    base = REPO / "recipes/demo-medusa.yaml"
+    out = CliRunner().invoke(main, ["plan", "--recipe", str(base), "--json"]).output
+    stages = {s["stage"]: s for s in json.loads(out)["stages"]}
+    assert "calibrate" in stages  # the heads' training windows (RTN reads none)
+    heads = stages["heads"]
+    assert "600 steps over 64 x 256 hidden states" in heads["notes"]
+    longer = tmp_path / "demo" / "longer.yaml"
+    longer.parent.mkdir()
+    text = base.read_text().replace("steps: 600", "steps: 1200")
+    longer.write_text(text.replace("demo/", str(REPO / "recipes" / "demo") + "/"))
+    out = CliRunner().invoke(main, ["plan", "--recipe", str(longer), "--json"]).output
+    doubled = {s["stage"]: s for s in json.loads(out)["stages"]}["heads"]
+    assert doubled["seconds"] > 1.5 * heads["seconds"]
+
+
 def test_plan_json_is_consistent_and_scales_with_the_recipe(tmp_path):
     base = REPO / "recipes/demo-awq.yaml"
     result = CliRunner().invoke(main, ["plan", "--recipe", str(base), "--json"])

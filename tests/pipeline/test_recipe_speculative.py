@@ -34,9 +34,18 @@ def load(tmp_path: Path, speculative: str, extra: str = "") -> object:
 
 BAD = [
     pytest.param(
-        "speculative: {method: medusa, num_speculative_tokens: 4}",
-        ["speculative.method: unknown method", "got 'medusa'", "allowed: ngram, draft_model"],
+        "speculative: {method: eagle, num_speculative_tokens: 4}",
+        [
+            "speculative.method: unknown method",
+            "got 'eagle'",
+            "allowed: ngram, draft_model, medusa",
+        ],
         id="unknown-method",
+    ),
+    pytest.param(
+        "speculative: {method: medusa, num_speculative_tokens: 4}",
+        ["speculative.heads: required field missing"],
+        id="medusa-without-heads",
     ),
     pytest.param(
         "speculative: {num_speculative_tokens: 4}",
