@@ -253,12 +253,19 @@ def _heads(shapes: _Shapes, recipe: Recipe) -> StageEstimate:
     cal = recipe.calibration
     tokens = cal.samples * cal.seq_len
     hidden = tokens * h * 4
-    forward = 2 * tokens * shapes.params / c["flops_per_second"]
+    rate = c["batched_flops_per_second"]  # 8 windows per layer call, 64 positions per step
+    forward = 2 * tokens * shapes.params / rate
     per_step = num_heads * train.batch_size * 2 * h * (4 * v + 3 * h * train.num_layers)
-    seconds = forward + train.steps * per_step / c["batched_flops_per_second"]
-    # the hidden states, the heads with AdamW's two moments and their gradients, one layer
-    peak = c["runtime_baseline_bytes"] + c["training_overhead_bytes"] + hidden + 4 * head_bytes
-    peak += shapes.layer_params * 4
+    seconds = forward + train.steps * per_step / rate
+    # The hidden states three times over (the walk's, the final norm's, the freed temporaries
+    # glibc keeps), a layer call's activations and attention over 8 windows, the heads with
+    # AdamW's two moments and their gradients, one layer (pydoc-16m, 128 x 512: 1.51 GiB
+    # measured; demo-medusa: 0.82 GiB).
+    cfg = shapes.cfg
+    width = 4 * h + 3 * cfg.intermediate_size
+    layer_call = 8 * cal.seq_len * width * 4 + 8 * cfg.num_heads * cal.seq_len**2 * 4 * 2
+    peak = c["runtime_baseline_bytes"] + c["training_overhead_bytes"] + 3 * hidden
+    peak += layer_call + 4 * head_bytes + shapes.layer_params * 4
     note = f"{train.steps} steps over {cal.samples} x {cal.seq_len} hidden states"
     return StageEstimate("heads", int(peak), seconds, note)
 
