@@ -3,13 +3,10 @@ any stage runs (its sizes from config.json; its tensors when the heads stage loa
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingot.artifacts.digest import sha256_file
-
+from ..cache import directory_digest
 from ..model.config import ModelConfig
 from ..model.medusa import (
     CONFIG_FILE,
@@ -28,7 +25,7 @@ _WHERE = "speculative.heads.attach"
 @dataclass(frozen=True, slots=True)
 class AttachedHeads:
     path: Path
-    digest: str  # over config.json and the weights: the heads stage's input
+    digest: str  # over the directory's files: the heads stage's input
 
 
 def resolve_heads(recipe: Recipe, recipe_path: Path, target: ModelConfig) -> AttachedHeads | None:
@@ -63,17 +60,7 @@ def resolve_heads(recipe: Recipe, recipe_path: Path, target: ModelConfig) -> Att
         )
     if problems:
         raise RecipeError(problems)
-    return AttachedHeads(path, _digest(path))
-
-
-def _digest(path: Path) -> str:
-    files = {p.name: sha256_file(p) for p in sorted(path.iterdir()) if _part_of_heads(p)}
-    blob = json.dumps(files, sort_keys=True).encode()
-    return "sha256:" + hashlib.sha256(blob).hexdigest()
-
-
-def _part_of_heads(file: Path) -> bool:
-    return file.is_file() and (file.name == CONFIG_FILE or file.suffix == ".safetensors")
+    return AttachedHeads(path, directory_digest(path)[0])
 
 
 def load_attached(heads: AttachedHeads) -> MedusaHeadsModel:
