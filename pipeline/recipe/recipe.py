@@ -84,6 +84,21 @@ class Recipe(_Strict):
                 "trained on (add a `calibration:` section with dataset, samples, seq_len)",
                 {},
             )
+        if self.trains_heads() and self.calibration.samples < 2:
+            raise PydanticCustomError(
+                "calibration_samples",
+                "calibration.samples: {n} is too few to train Medusa heads (at least 2: a "
+                "tenth of the windows, at least one, is held out to score them)",
+                {"n": self.calibration.samples},
+            )
+        heads = self.speculative.heads.train.num_heads if self.trains_heads() else 0
+        if heads and self.calibration.seq_len <= heads + 1:
+            raise PydanticCustomError(
+                "calibration_seq_len",
+                "calibration.seq_len: {t} is too short for {k} Medusa heads (more than k + 1 "
+                "tokens per window: head k learns from the token k + 1 positions on)",
+                {"t": self.calibration.seq_len, "k": heads},
+            )
         return self
 
     @model_validator(mode="after")

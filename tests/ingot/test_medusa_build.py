@@ -128,6 +128,17 @@ def test_attached_heads_of_another_model_are_refused_before_any_work(trained, tm
     [
         (lambda r: r.pop("calibration"), "speculative.heads.train: needs calibration data"),
         (
+            lambda r: r["calibration"].update(samples=1),
+            "calibration.samples: 1 is too few to train Medusa heads",
+        ),
+        (
+            lambda r: (
+                r["calibration"].update(seq_len=16),
+                r["speculative"]["heads"]["train"].update(num_heads=16),
+            ),
+            "calibration.seq_len: 16 is too short for 16 Medusa heads",
+        ),
+        (
             lambda r: r["speculative"]["heads"].update(attach="x"),
             "give exactly one of `train` and `attach`",
         ),
