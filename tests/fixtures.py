@@ -17,6 +17,21 @@ _CORPUS = [
     "Lists, tuples and dictionaries are the built-in containers of Python.",
 ]
 
+# The runtime's parity tests run under these schedulers: (prefix caching, KV cache blocks, token
+# budget): the plain case, caching off, 16 blocks of 8 = one 128-token sequence (preemption),
+# a budget of 8 tokens (chunked prefill).
+SCHEDULER_ARGS = ("caching", "kv_cache_blocks", "budget")
+SCHEDULER_CASES = [(True, None, 2048), (False, None, 2048), (True, 16, 2048), (True, None, 8)]
+
+# Width of the depth tests (4 vs 16 layers of it: memory must not grow with depth).
+DEPTH_WIDTH = dict(
+    hidden_size=512,
+    intermediate_size=1536,
+    vocab_size=4000,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+)
+
 BASE = dict(
     vocab_size=320,
     hidden_size=64,

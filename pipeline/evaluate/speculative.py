@@ -23,19 +23,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..recipe import DraftModelSpeculative, NgramSpeculative, Recipe, SpeculativeEval
+from ..recipe import (
+    DraftModelSpeculative,
+    MedusaSpeculative,
+    NgramSpeculative,
+    Recipe,
+    SpeculativeEval,
+)
 from .engine import engine_pool_layout
 from .errors import EvalDataError
 from .perplexity import token_windows, tokenize
 from .report import EvalGateError
 from .text import load_eval_text
-
-if TYPE_CHECKING:
-    from ..recipe import MedusaSpeculative
 
 __all__ = [
     "SpeculativePrompts",

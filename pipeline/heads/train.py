@@ -16,7 +16,6 @@ weights as an uninterrupted one (same draws, same updates).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -190,7 +189,3 @@ def _resume(work_dir: Path, heads, optimizer, sampler) -> tuple[int, list[float]
     optimizer.load_state_dict(state["optimizer"])
     sampler.set_state(state["sampler"])
     return int(state["step"]), list(state["losses"])
-
-
-def write_report(report: dict[str, Any], out: Path) -> None:
-    out.write_text(json.dumps(report, indent=2) + "\n")

@@ -20,15 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from fixtures import DEPTH_WIDTH as WIDTH
 from fixtures import make_checkpoint, write_recipe
 
-WIDTH = dict(
-    hidden_size=512,
-    intermediate_size=1536,
-    vocab_size=4000,
-    num_attention_heads=8,
-    num_key_value_heads=8,
-)
 DEPTHS = (4, 16)
 RECIPE = dict(kv_cache={"dtype": "fp16", "block_size": 8}, export={"max_seq_len": 128})
 

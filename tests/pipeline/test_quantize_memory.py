@@ -19,15 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fixtures import DEPTH_WIDTH as WIDTH
 from fixtures import make_checkpoint
 
-WIDTH = dict(
-    hidden_size=512,
-    intermediate_size=1536,
-    vocab_size=4000,
-    num_attention_heads=8,
-    num_key_value_heads=8,
-)
 DEPTHS = (4, 16)
 RTN = {"method": "rtn", "bits": 4, "group_size": 32, "symmetric": True, "ignore": []}
 GPTQ = {

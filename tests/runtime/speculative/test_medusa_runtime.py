@@ -26,6 +26,8 @@ from ingot.runtime.speculative import SpeculativeConfig
 from ingot.runtime.speculative.load import make_drafter, resolve_config
 from ingot.runtime.speculative.medusa import MedusaDrafter, MedusaHeads
 
+from fixtures import SCHEDULER_ARGS, SCHEDULER_CASES
+
 K = 3  # heads, and tokens drafted per step
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 PROMPTS = [
@@ -212,15 +214,7 @@ def test_last_hidden_is_the_row_that_produced_the_last_token(exact_artifact, pla
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # verified both ways
 
 
-@pytest.mark.parametrize(
-    ("caching", "kv_cache_blocks", "budget"),
-    [
-        (True, None, 2048),
-        (False, None, 2048),
-        (True, 16, 2048),  # 16 blocks of 8 = one 128-token sequence: preemption
-        (True, None, 8),  # chunked prefill
-    ],
-)
+@pytest.mark.parametrize(SCHEDULER_ARGS, SCHEDULER_CASES)
 def test_medusa_greedy_equals_plain(exact_artifact, plain, caching, kv_cache_blocks, budget):
     model, generator = _oracle_generator(
         exact_artifact,

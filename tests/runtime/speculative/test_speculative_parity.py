@@ -13,6 +13,8 @@ import pytest
 
 from ingot.runtime import LoadedModel, SamplingParams
 
+from fixtures import SCHEDULER_ARGS, SCHEDULER_CASES
+
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 LOOP = "a b c d e f g a b c d e f g a b c d e f g a b c"
 PROMPTS = [
@@ -31,15 +33,7 @@ def plain(exact_artifact):
     return [c.token_ids for c in generator.generate(PROMPTS, GREEDY)]
 
 
-@pytest.mark.parametrize(
-    ("caching", "kv_cache_blocks", "budget"),
-    [
-        (True, None, 2048),
-        (False, None, 2048),
-        (True, 16, 2048),  # 16 blocks of 8 = one 128-token sequence: preemption
-        (True, None, 8),  # chunked prefill
-    ],
-)
+@pytest.mark.parametrize(SCHEDULER_ARGS, SCHEDULER_CASES)
 def test_ngram_greedy_equals_plain(exact_artifact, plain, caching, kv_cache_blocks, budget):
     model = LoadedModel.load(
         exact_artifact,
@@ -127,10 +121,7 @@ def _self_drafting(artifact, **load):
     return model, generator
 
 
-@pytest.mark.parametrize(
-    ("caching", "kv_cache_blocks", "budget"),
-    [(True, None, 2048), (False, None, 2048), (True, 16, 2048), (True, None, 8)],
-)
+@pytest.mark.parametrize(SCHEDULER_ARGS, SCHEDULER_CASES)
 def test_draft_model_greedy_equals_plain(exact_artifact, plain, caching, kv_cache_blocks, budget):
     model, generator = _self_drafting(
         exact_artifact,
