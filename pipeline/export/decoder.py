@@ -8,7 +8,9 @@ Graph interface (the contract with the runtime; see docs/design.md, "Graph inter
              logits_indices [N] int64 (rows of the call's S*Q tokens, s*Q + q, to compute
              logits for)
     outputs  logits [N, V] f32, hidden [N, hidden] f32 (final-norm output of those rows),
-             new_k_{l}, new_v_{l} [S, Q, Hkv*D] (kv dtype; K already rotated)
+             new_k_{l}, new_v_{l} [S, Q, Hkv*D] (kv dtype; K already rotated),
+             with `aux_layers` (EAGLE-3) also aux_hidden [S, Q, 3*hidden] f32: the residual
+             streams entering those layers, concatenated, for every row of the call
 
 kv dtype fp32 / fp16: the pool holds the values. int8 / fp8 (`kv_quant.py`): the pool holds codes
 with per-head scales; the graph quantizes the new K/V (QuantizeLinear) and dequantizes what it
@@ -45,7 +47,17 @@ from .errors import ExportError
 from .graph import GraphBuilder
 from .weights import emit_linear, emit_linears
 
-__all__ = ["export_onnx", "OPSET", "MODEL_FILE", "DATA_FILE"]
+__all__ = [
+    "DATA_FILE",
+    "MODEL_FILE",
+    "OPSET",
+    "SharedTensors",
+    "attention",
+    "export_onnx",
+    "mlp",
+    "rms_norm",
+    "shared_tensors",
+]
 
 OPSET = 23
 IR_VERSION = 11  # the IR version that introduced opset 23; ORT 1.23+ reads it
@@ -77,6 +89,7 @@ def export_onnx(
     kv_dtype: Literal["fp32", "fp16", "int8", "fp8"] = "fp32",
     kv_block_size: int = 16,
     kv_scales: KVScales | None = None,
+    aux_layers: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
     """Write ``out_dir/model.onnx`` + ``model.onnx.data`` and return the graph interface.
 
@@ -88,19 +101,27 @@ def export_onnx(
 
     An int8 / fp8 KV cache needs ``kv_scales`` of that dtype (`calibrate_kv_scales`); they
     become initializers of the graph and the returned interface's ``kv_scales``.
+
+    ``aux_layers`` (an EAGLE-3 draft's inputs) adds the output ``aux_hidden``.
     """
     if isinstance(source, LlamaModel):
         source = ModelLayers(source)
     cfg = source.cfg
     _validate(cfg, max_seq_len, kv_dtype, kv_block_size)
     _validate_scales(cfg, kv_dtype, kv_scales)
+    outside = [i for i in aux_layers or () if not 0 <= i < cfg.num_layers]
+    if outside:
+        raise ExportError(
+            f"speculative eagle aux layers {list(aux_layers)}: {outside} not in "
+            f"[0, {cfg.num_layers - 1}] (the target's layers)"
+        )
     if kv_scales is not None:
         source = KVQuantLayers(source, kv_scales)  # each layer carries its K/V rounding
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / DATA_FILE, "wb") as data, torch.no_grad():
         g = GraphBuilder(data, DATA_FILE)
-        _build(g, source, max_seq_len, kv_dtype, kv_block_size)
+        _build(g, source, max_seq_len, kv_dtype, kv_block_size, tuple(aux_layers or ()))
     graph = helper.make_graph(g.nodes, "ingot_decoder", g.inputs, g.outputs, g.initializers)
     proto = helper.make_model(
         graph,
@@ -161,7 +182,14 @@ def _validate_scales(cfg: ModelConfig, kv_dtype: str, scales: KVScales | None) -
         )
 
 
-def _build(g: GraphBuilder, src: LayerSource, max_seq_len: int, kv_dtype: str, bs: int) -> None:
+def _build(
+    g: GraphBuilder,
+    src: LayerSource,
+    max_seq_len: int,
+    kv_dtype: str,
+    bs: int,
+    aux_layers: tuple[int, ...] = (),
+) -> None:
     cfg = src.cfg
     hkv, d, h = cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
     pool_type, kv_type = _KV_TYPES[kv_dtype]
@@ -179,20 +207,15 @@ def _build(g: GraphBuilder, src: LayerSource, max_seq_len: int, kv_dtype: str, b
     mask = g.input("attention_mask", TensorProto.BOOL, ["S", 1, "Q", "KV"])
     rows = g.input("logits_indices", TensorProto.INT64, ["N"])
 
-    # Shared constants. RoPE tables are computed exactly as the IR computes cos/sin.
-    angles = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_frequencies(cfg)
-    consts = _Shared(
-        cos=g.array("rope.cos_cache", angles.cos().numpy()),  # [max_seq_len, D/2]
-        sin=g.array("rope.sin_cache", angles.sin().numpy()),
-        past=g.ints("shape.past", [0, -1, hkv * d]),
-        fp8_values=_fp8_values(g) if kv_dtype == "fp8" else None,
-    )
+    consts = shared_tensors(g, cfg, max_seq_len, kv_dtype)
 
     # One part of the model alive at a time: each is written, then let go (`del`) before the
     # next is read, so a disk source never holds two.
     embed = g.array("embed_tokens.weight", src.embedding().numpy())
     x = g.op("Gather", [embed, ids], "embed_tokens/Gather", axis=0)  # [S, Q, hidden]
+    entering = {}  # layer index -> the residual stream entering it (EAGLE-3's aux states)
     for i in range(cfg.num_layers):
+        entering[i] = x
         layer = src.layer(i)
         x = _layer(g, layer, i, x, positions, pools[i], tables, mask, consts, kv_type)
         del layer
@@ -201,7 +224,7 @@ def _build(g: GraphBuilder, src: LayerSource, max_seq_len: int, kv_dtype: str, b
     flat = g.op("Reshape", [x, g.ints("shape.rows", [-1, h])], "hidden/Reshape")  # [S*Q, h]
     picked = g.op("Gather", [flat, rows], "hidden/Gather", axis=0)  # [N, hidden]
     norm = src.final_norm()
-    hidden = _rms_norm(g, picked, norm, "norm", out="hidden")  # [N, hidden]
+    hidden = rms_norm(g, picked, norm, "norm", out="hidden")  # [N, hidden]
     del norm
     if src.lm_head_tied:
         # Tied: reuse the embedding [V, hidden] through Gemm(transB) instead of storing W^T.
@@ -211,19 +234,37 @@ def _build(g: GraphBuilder, src: LayerSource, max_seq_len: int, kv_dtype: str, b
 
     g.output("logits", TensorProto.FLOAT, ["N", cfg.vocab_size])
     g.output("hidden", TensorProto.FLOAT, ["N", h])
+    if aux_layers:
+        aux = [entering[i] for i in aux_layers]
+        g.op("Concat", aux, "aux_hidden/Concat", out="aux_hidden", axis=-1)  # [S, Q, 3*hidden]
+        g.output("aux_hidden", TensorProto.FLOAT, ["S", "Q", len(aux) * h])
     for i in range(cfg.num_layers):
         g.output(f"new_k_{i}", kv_type, ["S", "Q", hkv * d])
         g.output(f"new_v_{i}", kv_type, ["S", "Q", hkv * d])
 
 
 @dataclass(frozen=True, slots=True)
-class _Shared:
+class SharedTensors:
     """Names of the tensors every layer reuses."""
 
     cos: str  # [max_seq_len, D/2]
     sin: str
     past: str  # reshape target: gathered blocks -> [S, MB*B, Hkv*D]
     fp8_values: str | None = None  # [256] float32: the value of each E4M3FN byte (fp8 pools)
+
+
+def shared_tensors(
+    g: GraphBuilder, cfg: ModelConfig, max_seq_len: int, kv_dtype: str
+) -> SharedTensors:
+    """The RoPE tables (computed exactly as the IR computes cos / sin) and the constants every
+    layer's attention reads."""
+    angles = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_frequencies(cfg)
+    return SharedTensors(
+        cos=g.array("rope.cos_cache", angles.cos().numpy()),  # [max_seq_len, D/2]
+        sin=g.array("rope.sin_cache", angles.sin().numpy()),
+        past=g.ints("shape.past", [0, -1, cfg.num_kv_heads * cfg.head_dim]),
+        fp8_values=_fp8_values(g) if kv_dtype == "fp8" else None,
+    )
 
 
 def _fp8_values(g: GraphBuilder) -> str:
@@ -233,13 +274,22 @@ def _fp8_values(g: GraphBuilder) -> str:
     return g.array("kv.fp8_values", table)
 
 
-def _layer(g, layer, i, x, positions, pool, tables, mask, c: _Shared, kv_type) -> str:
+def _layer(g, layer, i, x, positions, pool, tables, mask, c: SharedTensors, kv_type) -> str:
     """One decoder layer; x: [S, Q, hidden] -> [S, Q, hidden]."""
-    attn, name = layer.attn, f"layers.{i}"
+    name = f"layers.{i}"
+    h = rms_norm(g, x, layer.attn_norm, f"{name}.attn_norm")  # [S, Q, hidden]
+    attn = attention(g, layer.attn, i, h, positions, pool, tables, mask, c, kv_type)
+    x = g.op("Add", [x, attn], f"{name}/attn_residual")
+    h = rms_norm(g, x, layer.mlp_norm, f"{name}.mlp_norm")
+    return g.op("Add", [x, mlp(g, layer.mlp, f"{name}.mlp", h)], f"{name}/mlp_residual")
+
+
+def attention(g, attn, i, h, positions, pool, tables, mask, c: SharedTensors, kv_type) -> str:
+    """Layer i's attention block through o_proj; h: the normed input [S, Q, in] -> [S, Q,
+    hidden]. Writes the graph outputs new_k_{i} / new_v_{i} (the call's K, rotated, and V)."""
     hq, hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
-    a = f"{name}.attn"
+    a = f"layers.{i}.attn"
     fp32_kv = kv_type == TensorProto.FLOAT  # a quantized pool's outputs are never float
-    h = _rms_norm(g, x, layer.attn_norm, f"{name}.attn_norm")  # [S, Q, hidden]
     projections = [attn.q_proj, attn.k_proj, attn.v_proj]
     # V is a graph output as it comes (fp32 pool); K is one after RoPE.
     v_out = f"new_v_{i}" if fp32_kv else None
@@ -277,18 +327,21 @@ def _layer(g, layer, i, x, positions, pool, tables, mask, c: _Shared, kv_type) -
         kv_num_heads=hkv,
         scale=1.0 / math.sqrt(d),
     )  # [S, Q, Hq*D]
-    x = g.op("Add", [x, emit_linear(g, ctx, attn.o_proj, f"{a}.o_proj")], f"{name}/attn_residual")
+    return emit_linear(g, ctx, attn.o_proj, f"{a}.o_proj")  # [S, Q, hidden]
 
-    mlp, m = layer.mlp, f"{name}.mlp"
-    h = _rms_norm(g, x, layer.mlp_norm, f"{name}.mlp_norm")
+
+def mlp(g: GraphBuilder, module: torch.nn.Module, m: str, h: str) -> str:
+    """SwiGLU: h [S, Q, hidden] (normed) -> [S, Q, hidden]; gate|up are one linear."""
     gate, up = emit_linears(
-        g, h, [mlp.gate_proj, mlp.up_proj], [f"{m}.gate_proj", f"{m}.up_proj"], f"{m}.gate_up_proj"
+        g,
+        h,
+        [module.gate_proj, module.up_proj],
+        [f"{m}.gate_proj", f"{m}.up_proj"],
+        f"{m}.gate_up_proj",
     )  # [S, Q, ffn] each
     silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{m}/Sigmoid")], f"{m}/silu")
     act = g.op("Mul", [silu, up], f"{m}/gated")
-    return g.op(
-        "Add", [x, emit_linear(g, act, mlp.down_proj, f"{m}.down_proj")], f"{name}/mlp_residual"
-    )
+    return emit_linear(g, act, module.down_proj, f"{m}.down_proj")
 
 
 def _quantized_kv(
@@ -300,7 +353,7 @@ def _quantized_kv(
     new: str,
     pool: str,
     tables: str,
-    c: _Shared,
+    c: SharedTensors,
 ) -> str:
     """One layer's K or V for `Attention` from an int8 / fp8 pool: the call's new values
     quantized (output ``new_{kind}_{i}``, the codes the runtime stores), concatenated after the
@@ -338,7 +391,7 @@ def _quantized_kv(
     return g.op("Concat", [past, new], f"{a}/{kind}_concat", axis=1)  # [S, KV, Hkv*D]
 
 
-def _rms_norm(g: GraphBuilder, x: str, norm: torch.nn.Module, name: str, out: str | None = None):
+def rms_norm(g: GraphBuilder, x: str, norm: torch.nn.Module, name: str, out: str | None = None):
     scale = g.array(f"{name}.weight", norm.weight.detach().float().numpy())
     return g.op(
         "RMSNormalization", [x, scale], f"{name}/RMSNorm", out=out, axis=-1, epsilon=norm.eps

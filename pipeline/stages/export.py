@@ -40,9 +40,11 @@ def run_export(
     out: Path,
     *,
     calibration_dir: Path | None = None,
+    aux_layers: tuple[int, ...] | None = None,
 ) -> None:
     """Write the graph and ``graph.json``; an int8 / fp8 ``kv_cache`` needs the calibrate
-    stage's output ``calibration_dir`` for its scales."""
+    stage's output ``calibration_dir`` for its scales; ``aux_layers`` (an EAGLE-3 draft's)
+    adds the ``aux_hidden`` output."""
     scales = None
     if kv_cache.quantized:
         if calibration_dir is None:
@@ -66,6 +68,7 @@ def run_export(
         kv_dtype=kv_cache.dtype,
         kv_block_size=kv_cache.block_size,
         kv_scales=scales,
+        aux_layers=aux_layers,
     )
     (out / GRAPH_INFO).write_text(json.dumps(graph, indent=2, sort_keys=True) + "\n")
 
