@@ -1,7 +1,9 @@
 """Medusa heads for speculative decoding: attached (vLLM's layout) or trained against the
-quantized target, exported to ONNX and checked (speculative.method: medusa)."""
+quantized target, exported to ONNX and checked (speculative.method: medusa); the EAGLE-3
+draft's training (speculative.method: eagle)."""
 
 from .attach import AttachedHeads, resolve_heads
+from .eagle_train import target_features, train_eagle
 from .export import check_heads, export_heads
 from .train import final_hidden, train_heads
 
@@ -11,5 +13,7 @@ __all__ = [
     "export_heads",
     "final_hidden",
     "resolve_heads",
+    "target_features",
+    "train_eagle",
     "train_heads",
 ]

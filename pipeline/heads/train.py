@@ -17,6 +17,7 @@ weights as an uninterrupted one (same draws, same updates).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,14 @@ from ..model.qlinear import QuantizedLinear, dequantized
 from ..model.rope import cos_sin
 from ..recipe.speculative import MedusaTrain
 
-__all__ = ["final_hidden", "train_heads", "CHECKPOINT_EVERY"]
+__all__ = [
+    "final_hidden",
+    "float_teacher",
+    "resume",
+    "save_checkpoint",
+    "train_heads",
+    "CHECKPOINT_EVERY",
+]
 
 CHECKPOINT_EVERY = 100
 _CHECKPOINT = "heads-train.pt"
@@ -39,8 +47,15 @@ _FORWARD_BATCH = 8  # windows per layer call while computing the hidden states
 
 
 @torch.no_grad()
-def final_hidden(source: LayerSource, windows: torch.Tensor) -> torch.Tensor:
-    """windows [N, T] token ids -> the target's final-norm hidden states [N, T, H]."""
+def final_hidden(
+    source: LayerSource,
+    windows: torch.Tensor,
+    layer_input: Callable[[int, torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """windows [N, T] token ids -> the target's final-norm hidden states [N, T, H].
+
+    `layer_input(i, x)`, when given, sees the residual stream entering layer i (x [N, T, H],
+    overwritten once the layer has run: copy what is kept) before each layer runs."""
     cfg = source.cfg
     table = source.embedding()
     x = table[windows]  # [N, T, H]
@@ -50,6 +65,8 @@ def final_hidden(source: LayerSource, windows: torch.Tensor) -> torch.Tensor:
     cos, sin = cos_sin(cfg, positions, seq_len=t)
     mask = causal_mask(positions, positions, cfg.sliding_window)  # [1, 1, T, T]
     for i in range(cfg.num_layers):
+        if layer_input is not None:
+            layer_input(i, x)
         layer = source.layer(i)
         with dequantized(layer):  # once per layer, not per batch
             for b in range(0, len(x), _FORWARD_BATCH):
@@ -67,7 +84,7 @@ def train_heads(
     """Train `spec.num_heads` heads on hidden [N, T, H] with the target's `lm_head` as the
     teacher; returns the heads and a report (losses, agreement with the teacher)."""
     n, t, h = hidden.shape
-    lm_head = _float_teacher(lm_head)
+    lm_head = float_teacher(lm_head)
     cfg = MedusaConfig(spec.num_heads, spec.num_layers, h, lm_head.out_features, bias=True)
     heads = MedusaHeadsModel.from_lm_head(cfg, lm_head.weight)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=spec.learning_rate)
@@ -81,7 +98,7 @@ def train_heads(
         )
     held_out = max(1, n // 10)  # the last windows score the heads, never train them
     train_windows = max(1, n - held_out)
-    step, losses = _resume(work_dir, heads, optimizer, sampler)
+    step, losses = resume(work_dir, heads, optimizer, sampler)
     started = time.perf_counter()
     heads.train()
     while step < spec.steps:
@@ -94,7 +111,7 @@ def train_heads(
         step += 1
         losses.append(float(loss.detach()))
         if step % CHECKPOINT_EVERY == 0 and step < spec.steps:
-            _checkpoint(work_dir, heads, optimizer, sampler, step, losses)
+            save_checkpoint(work_dir, heads, optimizer, sampler, step, losses)
     heads.eval()
     report = {
         "steps": spec.steps,
@@ -110,14 +127,14 @@ def train_heads(
     return heads, report
 
 
-def _float_teacher(lm_head: nn.Module) -> nn.Linear:
+def float_teacher(lm_head: nn.Module) -> nn.Linear:
     """The target's lm_head as a float Linear (a quantized one dequantized once), frozen."""
     if isinstance(lm_head, QuantizedLinear):
         if lm_head.input_quant is not None:
             raise ValueError(
                 "speculative.heads.train: the target's lm_head quantizes its inputs (W8A8 / "
-                "FP8); Medusa heads start from a weight-only lm_head: leave lm_head out of "
-                "those entries"
+                "FP8); the draft's training starts from a weight-only lm_head: leave lm_head "
+                "out of those entries"
             )
         with torch.device("meta"):
             linear = nn.Linear(lm_head.in_features, lm_head.out_features, bias=False)
@@ -165,8 +182,18 @@ def _agreement(
     return shares
 
 
-def _checkpoint(work_dir, heads, optimizer, sampler, step: int, losses: list[float]) -> None:
-    tmp = work_dir / f"{_CHECKPOINT}.tmp"
+def save_checkpoint(
+    work_dir: Path,
+    heads: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sampler: torch.Generator,
+    step: int,
+    losses: list[float],
+    name: str = _CHECKPOINT,
+) -> None:
+    """The training's state (the module's state_dict, AdamW's, the sampler's RNG, the step and
+    the losses so far) as work_dir/name, replaced atomically."""
+    tmp = work_dir / f"{name}.tmp"
     state = {
         "step": step,
         "heads": heads.state_dict(),
@@ -175,13 +202,19 @@ def _checkpoint(work_dir, heads, optimizer, sampler, step: int, losses: list[flo
         "losses": losses,
     }
     torch.save(state, tmp)
-    tmp.replace(work_dir / _CHECKPOINT)  # atomic: a crash leaves the previous checkpoint
+    tmp.replace(work_dir / name)  # atomic: a crash leaves the previous checkpoint
 
 
-def _resume(work_dir: Path, heads, optimizer, sampler) -> tuple[int, list[float]]:
-    """(step, losses) of the work directory's checkpoint, loaded into the arguments; (0, [])
-    when there is none."""
-    file = work_dir / _CHECKPOINT
+def resume(
+    work_dir: Path,
+    heads: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sampler: torch.Generator,
+    name: str = _CHECKPOINT,
+) -> tuple[int, list[float]]:
+    """(step, losses) of the work directory's checkpoint `name`, loaded into the arguments;
+    (0, []) when there is none."""
+    file = work_dir / name
     if not file.exists():
         return 0, []
     state = torch.load(file, weights_only=True)
