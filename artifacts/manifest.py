@@ -26,6 +26,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "DraftInfo",
+    "EagleInfo",
     "EngineInfo",
     "FileEntry",
     "FileRef",
@@ -228,15 +229,53 @@ class HeadsInfo(_Strict):
     check: dict[str, Any] | None = Field(None, description="the graph against the heads")
 
 
+class EagleInfo(_Strict):
+    """The EAGLE-3 draft of speculative.method eagle: one decoder layer under draft/eagle/
+    (`path`, the paged-KV interface with one layer and a float32 pool) fed by `fc_path`, which
+    maps the target's three aux states (the target graph's `aux_hidden` [S, Q, 3 *
+    target_hidden_size], the residual streams entering layers `aux_layers`) to hidden_size."""
+
+    method: Literal["eagle"] = "eagle"
+    origin: Literal["train", "attach"]
+    path: str = Field(description="relative path of the draft layer's ONNX graph")
+    fc_path: str = Field(description="relative path of the ONNX graph of fc (features -> hidden)")
+    hidden_size: Positive
+    target_hidden_size: Positive
+    num_heads: Positive
+    num_kv_heads: Positive
+    head_dim: Positive
+    intermediate_size: Positive
+    vocab_size: Positive
+    draft_vocab_size: Positive
+    aux_layers: list[NonNegative] = Field(min_length=3, max_length=3)
+    kv_block_size: Positive
+    training: dict[str, Any] | None = Field(None, description="the training report (train)")
+    check: dict[str, Any] | None = Field(None, description="the graphs against the draft")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> EagleInfo:
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size ({self.draft_vocab_size}) exceeds vocab_size ({self.vocab_size})"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) is not a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+        return self
+
+
 class SpeculativeInfo(_Strict):
     """The recipe's speculative decoding: the runtime's default method."""
 
-    method: Literal["ngram", "draft_model", "medusa"]
+    method: Literal["ngram", "draft_model", "medusa", "eagle"]
     num_speculative_tokens: Positive
     prompt_lookup_min: Positive = 1
     prompt_lookup_max: Positive = 4
     draft: DraftInfo | None = Field(None, description="present iff method is draft_model")
     heads: HeadsInfo | None = Field(None, description="present iff method is medusa")
+    eagle: EagleInfo | None = Field(None, description="present iff method is eagle")
 
     @model_validator(mode="after")
     def _draft_iff_draft_model(self) -> SpeculativeInfo:
@@ -246,6 +285,9 @@ class SpeculativeInfo(_Strict):
         if (self.heads is not None) != (self.method == "medusa"):
             has = "has" if self.heads is not None else "lacks"
             raise ValueError(f"method {self.method} {has} heads (present iff medusa)")
+        if (self.eagle is not None) != (self.method == "eagle"):
+            has = "has" if self.eagle is not None else "lacks"
+            raise ValueError(f"method {self.method} {has} an eagle draft (present iff eagle)")
         if self.heads is not None and self.num_speculative_tokens > self.heads.num_heads:
             raise ValueError(
                 f"num_speculative_tokens ({self.num_speculative_tokens}) exceeds "
@@ -304,6 +346,9 @@ class Manifest(_Strict):
         heads = self.speculative.heads if self.speculative is not None else None
         if heads is not None:
             _heads_fit_target(heads, self.model)
+        eagle = self.speculative.eagle if self.speculative is not None else None
+        if eagle is not None:
+            _eagle_fits_target(eagle, self)
         return self
 
     def referenced_paths(self) -> dict[str, str]:
@@ -317,6 +362,10 @@ class Manifest(_Strict):
         heads = self.speculative.heads if self.speculative is not None else None
         if heads is not None:
             refs["speculative.heads.path"] = heads.path
+        eagle = self.speculative.eagle if self.speculative is not None else None
+        if eagle is not None:
+            refs["speculative.eagle.path"] = eagle.path
+            refs["speculative.eagle.fc_path"] = eagle.fc_path
         draft = self.speculative.draft if self.speculative is not None else None
         if draft is not None:
             refs["speculative.draft.graph.path"] = draft.graph.path
@@ -344,6 +393,30 @@ def _heads_fit_target(heads: HeadsInfo, model: ModelInfo) -> None:
                 f"speculative.heads.{field} ({getattr(heads, field)}) differs from "
                 f"model.{field} ({getattr(model, field)})"
             )
+
+
+def _eagle_fits_target(eagle: EagleInfo, manifest: Manifest) -> None:
+    """The draft reads the target's aux states and token embeddings, proposes its token ids
+    and keeps its K/V in the slots of the target's block tables."""
+    model, graph = manifest.model, manifest.graph
+    pairs = (
+        ("target_hidden_size", eagle.target_hidden_size, "model.hidden_size", model.hidden_size),
+        ("vocab_size", eagle.vocab_size, "model.vocab_size", model.vocab_size),
+        ("kv_block_size", eagle.kv_block_size, "graph.kv_block_size", graph.kv_block_size),
+    )
+    for field, value, other, expected in pairs:
+        if value != expected:
+            raise ValueError(
+                f"speculative.eagle.{field} ({value}) differs from {other} ({expected})"
+            )
+    outside = [i for i in eagle.aux_layers if i >= model.num_layers]
+    if outside:
+        raise ValueError(
+            f"speculative.eagle.aux_layers {eagle.aux_layers}: {outside} not below "
+            f"model.num_layers ({model.num_layers})"
+        )
+    if "aux_hidden" not in {o.name for o in graph.outputs}:
+        raise ValueError("speculative.eagle: graph.outputs has no aux_hidden (the draft's input)")
 
 
 def _draft_fits_target(draft: DraftInfo, manifest: Manifest) -> None:

@@ -152,14 +152,14 @@ def _draft_with(**changes: Any) -> dict[str, Any]:
             id="lookup-range",
         ),
         pytest.param(
-            {"method": "eagle", "num_speculative_tokens": 2},
+            {"method": "mtp", "num_speculative_tokens": 2},
             "speculative.method",
             id="unknown-method",
         ),
         pytest.param(
-            {"method": "medusa", "num_speculative_tokens": 2},
-            "method medusa lacks heads (present iff medusa)",
-            id="medusa-without-heads",
+            {"method": "eagle", "num_speculative_tokens": 2},
+            "method eagle lacks an eagle draft (present iff eagle)",
+            id="eagle-without-draft",
         ),
         pytest.param(
             _draft_with(graph__kv_block_size=8),
@@ -232,4 +232,63 @@ def test_medusa_heads_round_trip(root):
 def test_heads_the_target_cannot_use_are_refused(root, speculative, expected):
     with pytest.raises(ArtifactError) as err:
         write_manifest(root, fields(speculative))
+    assert any(expected in p for p in err.value.problems), err.value.problems
+
+
+EAGLE, EAGLE_FC = "draft/eagle/model.onnx", "draft/eagle/fc.onnx"
+
+
+def _eagle_fields(root: Path, aux_output: bool = True, **eagle: Any) -> dict[str, Any]:
+    """Manifest fields of an EAGLE-3 artifact (its graph files written into `root`)."""
+    write_files(root, {EAGLE: b"draft layer", EAGLE_FC: b"fc"})
+    spec = {
+        "origin": "train",
+        "path": EAGLE,
+        "fc_path": EAGLE_FC,
+        "hidden_size": 8,
+        "target_hidden_size": 8,
+        "num_heads": 2,
+        "num_kv_heads": 1,
+        "head_dim": 4,
+        "intermediate_size": 16,
+        "vocab_size": 32,
+        "draft_vocab_size": 32,
+        "aux_layers": [0, 1, 1],
+        "kv_block_size": 4,
+        **eagle,
+    }
+    base = fields({"method": "eagle", "num_speculative_tokens": 3, "eagle": spec})
+    if aux_output:
+        aux = {"name": "aux_hidden", "dtype": "float32", "shape": ["S", "Q", 24]}
+        base["graph"] = {**base["graph"], "outputs": [*base["graph"]["outputs"], aux]}
+    return base
+
+
+def test_eagle_draft_round_trips(root):
+    write_manifest(root, _eagle_fields(root))
+    manifest = read_manifest(root)
+    eagle = manifest.speculative.eagle
+    assert (eagle.method, eagle.aux_layers, eagle.fc_path) == ("eagle", [0, 1, 1], EAGLE_FC)
+    refs = manifest.referenced_paths()
+    assert (refs["speculative.eagle.path"], refs["speculative.eagle.fc_path"]) == (EAGLE, EAGLE_FC)
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"aux_output": False}, "speculative.eagle: graph.outputs has no aux_hidden"),
+        (
+            {"aux_layers": [0, 1, 9]},
+            "speculative.eagle.aux_layers [0, 1, 9]: [9] not below model.num_layers (2)",
+        ),
+        ({"vocab_size": 64}, "speculative.eagle.vocab_size (64) differs from model.vocab_size"),
+        ({"target_hidden_size": 16}, "speculative.eagle.target_hidden_size (16) differs"),
+        ({"kv_block_size": 8}, "speculative.eagle.kv_block_size (8) differs from graph"),
+        ({"draft_vocab_size": 40}, "draft_vocab_size (40) exceeds vocab_size (32)"),
+        ({"fc_path": "draft/eagle/other.onnx"}, "referenced by speculative.eagle.fc_path"),
+    ],
+)
+def test_eagle_drafts_the_target_cannot_use_are_refused(root, changes, expected):
+    with pytest.raises(ArtifactError) as err:
+        write_manifest(root, _eagle_fields(root, **changes))
     assert any(expected in p for p in err.value.problems), err.value.problems
