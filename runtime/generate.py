@@ -18,7 +18,12 @@ bonus token. Only the K/V of the tokens kept are written; the table is cut back 
 
 A drafter that reads the target's hidden state (`needs_hidden`: Medusa heads) gets each
 sequence's row of the call that produced its last token, copied into `SequenceState.last_hidden`
-(the session's `hidden`, bound only for such a drafter).
+(the session's `hidden`, bound only for such a drafter). A drafter that reads the target's
+features (`needs_features`: an EAGLE-3 draft) is handed, after every call, each sequence's rows
+of the session's `aux_hidden` (bound only for such a drafter) for the tokens the call keeps:
+`record(seq, start, rows)` with every real row of a chunk (prefill chunks, complete or not, and
+plain decode steps: only while a step could draft, as a draft model's prefill) and, after a
+verification, the rows of the last token and the accepted drafts.
 """
 
 from __future__ import annotations
@@ -79,7 +84,8 @@ class RequestError(ValueError):
 
 class ModelRunner(Protocol):
     """What the loop needs of an engine session (EngineSession, or a fake in tests). With a
-    drafter that `needs_hidden`, also `hidden` [N, H]: the last call's rows beside its logits."""
+    drafter that `needs_hidden`, also `hidden` [N, H]: the last call's rows beside its logits;
+    with one that `needs_features`, `aux_hidden` [S*Q, 3Ht]: every row of the last call."""
 
     def run(self, batch: Batch) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """logits [N, V] of the batch's logits_indices rows; per layer new (K, V)."""
@@ -329,15 +335,22 @@ class Generator:
         inputs = build_inputs(seqs, self.config.sliding_window)
         last, new_kv = self.session.run(inputs)  # [S, V]: each sequence's last new token
         hidden = self.session.hidden if self._needs_hidden else None  # [S, H], as `last`
+        soon = self._drafts_soon()
+        # [S*Q, 3Ht]: kept only while a step could draft, as a draft model's prefill below.
+        features = self.session.aux_hidden if soon and self._needs_features else None
         inputs.write_kv(self.pool, new_kv)
-        if observe and self._drafts_soon():
+        if observe and soon:
             self.speculation.drafter.observe(inputs, chunks)  # a draft model prefills too
         # What every row needs, in one vector operation each rather than one call per row.
         normalizers = logsumexp_rows(last)  # [S]
         argmaxes = last.argmax(axis=-1)  # [S]
         outputs = []
+        q = inputs.input_ids.shape[1]
         for s, chunk in enumerate(chunks):
             self.scheduler.cache_computed_blocks(chunk.seq)
+            if features is not None:  # chunk s's real rows: s*Q .. s*Q + n - 1
+                rows = features[s * q : s * q + chunk.num_tokens]
+                self.speculation.drafter.record(chunk.seq, chunk.start, rows)
             if chunk.completes:  # else a prefill chunk that is not the prompt's last
                 if hidden is not None:  # a copy: the session's buffer is written next call
                     chunk.seq.last_hidden = hidden[s].copy()
@@ -405,6 +418,7 @@ class Generator:
         inputs = build_inputs(seqs, self.config.sliding_window, all_logits=True)
         logits, new_kv = self.session.run(inputs)  # [T, V]: every real token, in order
         hidden = self.session.hidden if self._needs_hidden else None  # [T, H], as `logits`
+        features = self.session.aux_hidden if self._needs_features else None  # [S*Q, 3Ht]
         normalizers = logsumexp_rows(logits)  # [T]
         argmaxes = logits.argmax(axis=-1)  # [T]
         outputs: list[StepOutput] = []
@@ -431,9 +445,12 @@ class Generator:
             num_kept.append(1 + accepted)
             row += 1 + len(draft)
         inputs.write_kv_of(self.pool, new_kv, np.asarray(kept, dtype=np.int64))
-        for chunk, n in zip(chunks, num_kept, strict=True):
+        q = inputs.input_ids.shape[1]
+        for s, (chunk, n) in enumerate(zip(chunks, num_kept, strict=True)):
             seq = chunk.seq
             seq.table.truncate(chunk.start + n)  # rejected drafts' slots go back
+            if features is not None:  # the kept rows: its last token and accepted drafts
+                spec.drafter.record(seq, chunk.start, features[s * q : s * q + n])
             spec.drafter.accepted(seq)
             self.scheduler.cache_computed_blocks(seq)
             self._retire_if_finished(self._requests[seq.id])
@@ -453,6 +470,12 @@ class Generator:
         """Whether the drafter reads the target's hidden state (the session must bind it)."""
         spec = self.speculation
         return spec is not None and getattr(spec.drafter, "needs_hidden", False)
+
+    @property
+    def _needs_features(self) -> bool:
+        """Whether the drafter reads the target's aux_hidden rows (the session must bind it)."""
+        spec = self.speculation
+        return spec is not None and getattr(spec.drafter, "needs_features", False)
 
     def _retire_if_finished(self, req: _Request) -> None:
         """A finished request's blocks go back and its completion waits to be popped."""

@@ -16,6 +16,7 @@ from ingot.runtime.kv_pool import KVCacheTooSmall, KVPool, kv_numpy_dtype
 from ingot.runtime.memory import available_memory, format_bytes
 from ingot.runtime.session import EngineSession
 from ingot.runtime.speculative import Speculation, SpeculativeConfig
+from ingot.runtime.speculative.eagle import EagleDraft
 from ingot.runtime.speculative.load import (
     DraftModel,
     draft_bytes_per_block,
@@ -51,6 +52,7 @@ class LoadedModel:
     speculative: SpeculativeConfig | None = None
     draft: DraftModel | None = None  # the draft engine, with speculative method draft_model
     heads: MedusaHeads | None = None  # the Medusa heads, with speculative method medusa
+    eagle: EagleDraft | None = None  # the EAGLE-3 draft, with speculative method eagle
 
     @classmethod
     def load(
@@ -93,7 +95,10 @@ class LoadedModel:
         backoff_steps): None speculates as the artifact's recipe said (if it did), False turns
         speculation off, a dict overrides the artifact's settings. A draft model's pool has
         as many blocks as the target's, and the KV budget pays for both; Medusa heads read the
-        target's hidden state (its session binds the `hidden` output) and hold no K/V.
+        target's hidden state (its session binds the `hidden` output) and hold no K/V; an
+        EAGLE-3 draft (manifest.speculative.eagle: draft/eagle/model.onnx and fc.onnx) reads
+        the target's features (its session binds `aux_hidden`) and has a one-layer float32
+        pool of as many blocks as the target's, which the budget pays for too.
         """
         root = resolve_artifact(path)
         check_signature(root, verify_key=verify_key, require=require_signature)
@@ -137,12 +142,15 @@ class LoadedModel:
             engine.session_options,
             profile_file_prefix=profile_file_prefix,
             hidden=method == "medusa",  # the heads draft from the target's hidden state
+            aux=method == "eagle",  # an EAGLE-3 draft reads the target's features
         )
-        draft = heads = None
+        draft = heads = eagle = None
         if method == "draft_model":
             draft = DraftModel.open(root, manifest, engine.name, pool.num_blocks)
         elif method == "medusa":
             heads = MedusaHeads.open(safe_relative_path(root, manifest.speculative.heads.path))
+        elif method == "eagle":
+            eagle = EagleDraft.open(root, manifest, pool.num_blocks)
         if speculative is not None:
             log.info(
                 "speculative decoding: %s, %d tokens per step",
@@ -162,6 +170,7 @@ class LoadedModel:
             speculative,
             draft,
             heads,
+            eagle,
         )
 
     @property
@@ -180,7 +189,9 @@ class LoadedModel:
         )
         speculation = None
         if self.speculative is not None:
-            drafter = make_drafter(self.speculative, self.draft, self.sliding_window, self.heads)
+            drafter = make_drafter(
+                self.speculative, self.draft, self.sliding_window, self.heads, self.eagle
+            )
             speculation = Speculation(self.speculative, drafter)
         return Generator(self.session, self.pool, self.tokenizer, config, speculation)
 

@@ -38,10 +38,15 @@ class SequenceState:
     table: BlockTable
     block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks
     num_cached_blocks: int = 0  # leading blocks of `table` the prefix cache knows
-    num_draft_computed: int = 0  # leading tokens in a draft model's pool (speculative/)
+    num_draft_computed: int = 0  # leading tokens in a draft model's or EAGLE draft's pool
     # [H] float32: the target's final-norm hidden state at the position whose logits produced
     # the last token (a copy); recorded only for a drafter that reads it (Medusa heads).
     last_hidden: np.ndarray | None = None
+    # Row blocks [m_i, 3Ht] float32 (copies): the target's EAGLE-3 features of the positions
+    # from draft_features_start on, in order, that an EAGLE draft has not computed yet
+    # (speculative/eagle.py; kept as blocks, so recording a row does not copy the others).
+    draft_features: list[np.ndarray] = field(default_factory=list)
+    draft_features_start: int = 0
 
     @property
     def num_computed(self) -> int:

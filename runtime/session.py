@@ -1,7 +1,14 @@
-"""One ONNX Runtime session over an engine file, with the KV pool bound in place."""
+"""ONNX Runtime sessions over graphs with ingot's paged-KV interface, the KV pool bound in place.
+
+`EngineSession` runs the target's engine (logits, per layer new K/V, and on request its
+`hidden` or `aux_hidden` rows); `EagleLayerSession` runs an EAGLE-3 draft layer, which takes
+a `hidden` input beside the step inputs and returns greedy draft tokens instead of logits.
+Both bind the pool once and write their outputs into reused buffers (`_PagedSession`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +18,7 @@ import onnxruntime as ort
 from ingot.runtime.batch import Batch
 from ingot.runtime.kv_pool import KVPool
 
-__all__ = ["EngineSession", "SessionError"]
+__all__ = ["EagleLayerSession", "EngineSession", "SessionError", "draft_session_options"]
 
 _OPT_LEVELS = {
     "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -41,6 +48,7 @@ _OUTPUT_TYPES = {
     "tensor(float)": (np.float32, np.float32),
     "tensor(float16)": (np.float16, np.float16),
     "tensor(int8)": (np.int8, np.int8),
+    "tensor(int64)": (np.int64, np.int64),  # an EAGLE layer's draft_tokens
     "tensor(float8e4m3fn)": (np.uint8, _FLOAT8E4M3FN),
 }
 
@@ -49,56 +57,49 @@ class SessionError(RuntimeError):
     """The engine file does not have the graph interface the runtime binds."""
 
 
-class EngineSession:
-    """Runs the graph; the pool arrays are bound once as OrtValues that alias them.
+def draft_session_options() -> ort.SessionOptions:
+    """Options of a drafter's graph beside the target's session: one thread that does not spin
+    between calls (a second pool of spinning threads would take the cores from the target's
+    calls, and a draft is small enough that one thread runs it about as fast: DraftModel.open),
+    optimized at load: a draft only proposes, the target's verification decides every token,
+    so its rounding moves acceptance, not output."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    return options
 
-    The pool is written in place between calls (KVPool.write), so the bound OrtValues see
-    every write and no call ever copies the cache.
 
-    With `hidden`, the graph's `hidden` output (the final-norm rows that `logits` is computed
-    from) is bound too and read through `hidden` after each call: what Medusa heads draft from.
-    """
+class _PagedSession:
+    """A graph with the paged-KV interface (docs/design.md section 4). The pool arrays are
+    bound once as OrtValues that alias them: the pool is written in place between calls
+    (KVPool.write), so the bound values see every write and no call ever copies the cache.
+    Each call binds the step inputs (and any extra ones) and writes `outputs` into reused
+    buffers (`_OutputBuffers`), valid until the next call."""
 
-    __slots__ = (
-        "_session",
-        "_binding",
-        "_pool_values",
-        "_outputs",
-        "_inputs",
-        "_with_hidden",
-        "_hidden",
-        "num_layers",
-    )
+    __slots__ = ("_session", "_binding", "_pool_values", "_outputs", "_inputs", "num_layers")
 
     def __init__(
         self,
-        engine_file: Path | str,
+        graph_file: Path | str,
         pool: KVPool,
-        session_options: dict[str, Any] | None = None,
-        profile_file_prefix: str | None = None,
-        spinning: bool = True,
-        hidden: bool = False,
+        options: ort.SessionOptions,
+        *,
+        what: str,
+        required_inputs: Sequence[str],
+        outputs: Sequence[str],
     ) -> None:
-        options = _session_options(session_options or {})
-        if not spinning:
-            # Two sessions in one process (a target and its draft model) each keep a thread
-            # pool; threads that spin after a call would take the cores from the other's call.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if profile_file_prefix is not None:  # ORT's per-node profiler (benchmarks)
-            options.enable_profiling = True
-            options.profile_file_prefix = profile_file_prefix
         self._session = ort.InferenceSession(
-            str(engine_file), options, providers=["CPUExecutionProvider"]
+            str(graph_file), options, providers=["CPUExecutionProvider"]
         )
         self.num_layers = pool.num_layers
-        self._with_hidden = hidden
-        self._hidden: np.ndarray | None = None
-        self._check_interface(pool)
+        new_kv = [f"new_{kv}_{i}" for i in range(pool.num_layers) for kv in ("k", "v")]
+        outputs = [*outputs, *new_kv]
+        _check_interface(self._session, pool, what, required_inputs, outputs)
         # Engines exported before `logits_indices` existed return logits
-        # for every position; run() then picks the rows itself.
+        # for every position; EngineSession.run then picks the rows itself.
         graph_inputs = {i.name for i in self._session.get_inputs()}
         self._inputs = [n for n in _STEP_INPUTS if n in graph_inputs]
-
         self._binding = self._session.io_binding()
         self._pool_values = []  # keeps the OrtValues (and so the aliases) alive
         for layer in range(pool.num_layers):
@@ -111,10 +112,66 @@ class EngineSession:
                     raise SessionError(f"{name}: binding copied the pool array; it must alias it")
                 self._binding.bind_ortvalue_input(name, value)
                 self._pool_values.append(value)
-        outputs = ["logits", *(["hidden"] if hidden else [])] + [
-            f"new_{kv}_{layer}" for layer in range(pool.num_layers) for kv in ("k", "v")
-        ]
         self._outputs = _OutputBuffers(self._session, outputs)
+
+    def _call(self, batch: Batch, **extra: np.ndarray) -> list[np.ndarray]:
+        """Run on `batch` (and the `extra` inputs, contiguous): the output buffers, in the
+        order of `outputs` then each layer's new_k, new_v."""
+        bind = self._binding.bind_cpu_input
+        for name in self._inputs:
+            bind(name, getattr(batch, name))  # build_inputs makes them contiguous
+        for name, array in extra.items():
+            bind(name, array)
+        s, q = batch.input_ids.shape
+        arrays = self._outputs.bind(self._binding, S=s, Q=q, N=len(batch.logits_indices))
+        self._session.run_with_iobinding(self._binding)
+        return arrays
+
+    def _pairs(self, kv: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(kv[2 * i], kv[2 * i + 1]) for i in range(self.num_layers)]
+
+
+class EngineSession(_PagedSession):
+    """Runs the target's engine over the pool (see `_PagedSession` for the binding).
+
+    With `hidden`, the graph's `hidden` output (the final-norm rows that `logits` is computed
+    from) is bound too and read through `hidden` after each call: what Medusa heads draft from.
+    With `aux`, its `aux_hidden` output (every row's EAGLE-3 features, the residual streams
+    entering three layers) is bound and read through `aux_hidden`: what an EAGLE draft reads.
+    """
+
+    __slots__ = ("_with_hidden", "_hidden", "_with_aux", "_aux")
+
+    def __init__(
+        self,
+        engine_file: Path | str,
+        pool: KVPool,
+        session_options: dict[str, Any] | None = None,
+        profile_file_prefix: str | None = None,
+        spinning: bool = True,
+        hidden: bool = False,
+        aux: bool = False,
+    ) -> None:
+        options = _session_options(session_options or {})
+        if not spinning:
+            # Two sessions in one process (a target and its draft model) each keep a thread
+            # pool; threads that spin after a call would take the cores from the other's call.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if profile_file_prefix is not None:  # ORT's per-node profiler (benchmarks)
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_file_prefix
+        self._with_hidden, self._with_aux = hidden, aux
+        self._hidden: np.ndarray | None = None
+        self._aux: np.ndarray | None = None
+        outputs = ["logits", *(["hidden"] if hidden else []), *(["aux_hidden"] if aux else [])]
+        super().__init__(
+            engine_file,
+            pool,
+            options,
+            what="engine graph",
+            required_inputs=[n for n in _STEP_INPUTS if n != "logits_indices"],
+            outputs=outputs,
+        )
 
     def run(self, batch: Batch) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """logits [N, V] float32 for the batch's `logits_indices` rows, and per layer
@@ -123,21 +180,19 @@ class EngineSession:
         The arrays are the session's output buffers, valid until the next call: read them
         (sample, scatter the K/V) before running again.
         """
-        bind = self._binding.bind_cpu_input
-        for name in self._inputs:
-            bind(name, getattr(batch, name))  # build_inputs makes them contiguous
-        s, q = batch.input_ids.shape
-        logits, *kv = self._outputs.bind(self._binding, S=s, Q=q, N=len(batch.logits_indices))
+        logits, *kv = self._call(batch)
         if self._with_hidden:
             hidden, *kv = kv
-        self._session.run_with_iobinding(self._binding)
+        if self._with_aux:
+            aux, *kv = kv
+            self._aux = aux.reshape(-1, aux.shape[-1])  # [S*Q, 3Ht]: a view of the buffer
         if logits.ndim == 3:  # an engine without logits_indices: [S, Q, V]
             logits = logits.reshape(-1, logits.shape[-1])[batch.logits_indices]
         if self._with_hidden:
             if hidden.ndim == 3:  # [S, Q, H], as logits above
                 hidden = hidden.reshape(-1, hidden.shape[-1])[batch.logits_indices]
             self._hidden = hidden  # [N, H]
-        return logits, [(kv[2 * i], kv[2 * i + 1]) for i in range(self.num_layers)]
+        return logits, self._pairs(kv)
 
     @property
     def hidden(self) -> np.ndarray:
@@ -148,25 +203,70 @@ class EngineSession:
             raise SessionError(f"no hidden rows: {why}")
         return self._hidden
 
+    @property
+    def aux_hidden(self) -> np.ndarray:
+        """aux_hidden [S*Q, 3Ht] float32 of the last call: every row of the call (padding
+        included), row s*Q + q for input_ids[s, q]. A session buffer, valid until the next
+        call: copy what is kept."""
+        if self._aux is None:
+            why = "no call has run yet" if self._with_aux else "opened without aux=True"
+            raise SessionError(f"no aux_hidden rows: {why}")
+        return self._aux
+
     def end_profiling(self) -> str:
         """Stop ORT's profiler; the path of the JSON trace it wrote (see `profile_file_prefix`)."""
         return self._session.end_profiling()
 
-    def _check_interface(self, pool: KVPool) -> None:
-        inputs = {i.name: i for i in self._session.get_inputs()}
-        outputs = {o.name for o in self._session.get_outputs()}
-        pool_inputs = [f"{kv}_pool_{i}" for i in range(pool.num_layers) for kv in ("k", "v")]
-        new_kv = [f"new_{kv}_{i}" for i in range(pool.num_layers) for kv in ("k", "v")]
-        required = [n for n in _STEP_INPUTS if n != "logits_indices"]
-        problems = [f"missing input {n!r}" for n in (*required, *pool_inputs) if n not in inputs]
-        wanted = ("logits", *(["hidden"] if self._with_hidden else []), *new_kv)
-        problems += [f"missing output {n!r}" for n in wanted if n not in outputs]
-        expected = _ORT_TYPES.get(pool.dtype)
-        for name in pool_inputs:
-            if name in inputs and inputs[name].type != expected:
-                problems.append(f"input {name!r} is {inputs[name].type}, the pool is {expected}")
-        if problems:
-            raise SessionError("engine graph interface mismatch: " + "; ".join(problems))
+
+class EagleLayerSession(_PagedSession):
+    """An EAGLE-3 draft layer (draft/eagle/model.onnx): the paged-KV interface of one layer,
+    plus a `hidden` [S, Q, H] input (each row's fc'd target features, or the previous step's
+    draft_hidden), returning `draft_tokens` [N] int64 (greedy, target vocabulary ids) and
+    `draft_hidden` [N, H] (the next step's `hidden`) for the `logits_indices` rows."""
+
+    __slots__ = ()
+
+    def __init__(self, graph_file: Path | str, pool: KVPool) -> None:
+        super().__init__(
+            graph_file,
+            pool,
+            draft_session_options(),
+            what="EAGLE draft layer graph",
+            required_inputs=[*_STEP_INPUTS, "hidden"],
+            outputs=["draft_tokens", "draft_hidden"],
+        )
+
+    def run(
+        self, batch: Batch, hidden: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """draft_tokens [N] int64, draft_hidden [N, H] float32 and per layer (new_k, new_v)
+        [S, Q, Hkv*D] of `batch` with `hidden` [S, Q, H]: session buffers, valid until the
+        next call (copy draft_hidden before feeding it back)."""
+        hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        tokens, rows, *kv = self._call(batch, hidden=hidden)
+        return tokens, rows, self._pairs(kv)
+
+
+def _check_interface(
+    session: ort.InferenceSession,
+    pool: KVPool,
+    what: str,
+    required_inputs: Sequence[str],
+    outputs: Sequence[str],
+) -> None:
+    """Every input and output the runtime binds is in the graph, the pool inputs of its type."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    graph_outputs = {o.name for o in session.get_outputs()}
+    pool_inputs = [f"{kv}_pool_{i}" for i in range(pool.num_layers) for kv in ("k", "v")]
+    wanted = (*required_inputs, *pool_inputs)
+    problems = [f"missing input {n!r}" for n in wanted if n not in inputs]
+    problems += [f"missing output {n!r}" for n in outputs if n not in graph_outputs]
+    expected = _ORT_TYPES.get(pool.dtype)
+    for name in pool_inputs:
+        if name in inputs and inputs[name].type != expected:
+            problems.append(f"input {name!r} is {inputs[name].type}, the pool is {expected}")
+    if problems:
+        raise SessionError(f"{what} interface mismatch: " + "; ".join(problems))
 
 
 class _OutputBuffers:

@@ -2,8 +2,9 @@
 
 `Speculation` is what a Generator is given: the config, the policy (when to draft) and the
 drafter (ngram.py: prompt lookup; draft_model.py: a small model in the artifact; medusa.py:
-heads on the target's hidden state). The verification itself (acceptance, K/V of accepted
-tokens only) is in runtime/generate.py.
+heads on the target's hidden state; eagle.py: an EAGLE-3 draft layer on the target's
+features). The verification itself (acceptance, K/V of accepted tokens only) is in
+runtime/generate.py.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ __all__ = [
 
 class Drafter(Protocol):
     # A drafter may set `needs_hidden = True` (medusa.py): the Generator then records each
-    # sequence's target hidden state (SequenceState.last_hidden) for it.
+    # sequence's target hidden state (SequenceState.last_hidden) for it. One that sets
+    # `needs_features = True` (eagle.py) has `record(seq, start, rows)`: the Generator hands it
+    # the target's aux_hidden rows [n, 3Ht] of the tokens each call keeps, at positions
+    # start .. start + n - 1 (runtime/generate.py's docstring says when).
 
     def propose(self, seqs: Sequence[SequenceState], ks: Sequence[int]) -> list[list[int]]:
         """Up to ks[i] draft tokens to follow each sequence's last token."""

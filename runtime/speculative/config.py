@@ -1,8 +1,9 @@
 """How a generator speculates: the method, how many tokens it drafts, and when it stops.
 
 The keys are vLLM's `speculative_config` keys, so `LLM(..., speculative_config={...})` and
-`ingot serve --speculative-config '{...}'` take what a vLLM user already writes. An artifact
-built with a `speculative:` recipe section carries its own default (manifest.speculative).
+`ingot serve --speculative-config '{...}'` take what a vLLM user already writes (vLLM's method
+name "eagle3" for an EAGLE-3 drafter is ingot's "eagle"). An artifact built with a
+`speculative:` recipe section carries its own default (manifest.speculative).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from typing import Any, Self
 
 __all__ = ["METHODS", "SpeculativeConfig"]
 
-METHODS = ("ngram", "draft_model", "medusa")
+METHODS = ("ngram", "draft_model", "medusa", "eagle")
+# vLLM's names of ingot's methods: an EAGLE-3 drafter is vLLM's "eagle3" (ingot's only EAGLE
+# is EAGLE-3, so its "eagle" is that too).
+ALIASES = {"eagle3": "eagle"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +38,12 @@ class SpeculativeConfig:
     adaptive: bool = True
 
     def __post_init__(self) -> None:
+        if self.method in ALIASES:  # frozen: set through object's own __setattr__
+            object.__setattr__(self, "method", ALIASES[self.method])
         if self.method not in METHODS:
             raise ValueError(
                 f"speculative method {self.method!r} is not supported "
-                f"(supported: {', '.join(METHODS)})"
+                f"(supported: {', '.join(METHODS)}; {_aliases()})"
             )
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
             value = getattr(self, name)
@@ -84,5 +90,11 @@ class SpeculativeConfig:
         base = {f.name: getattr(default, f.name) for f in fields(cls)} if default else {}
         merged = {**base, **given}
         if "method" not in merged:
-            raise ValueError("speculative_config.method is required (ngram, draft_model or medusa)")
+            raise ValueError(
+                f"speculative_config.method is required ({', '.join(METHODS)}; {_aliases()})"
+            )
         return cls(**merged)
+
+
+def _aliases() -> str:
+    return ", ".join(f"{alias} is {method}" for alias, method in ALIASES.items())

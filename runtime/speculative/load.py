@@ -4,7 +4,8 @@
 (manifest.speculative) and checks that the artifact has what the method needs; `DraftModel.open`
 opens the draft engine of a draft_model artifact on its own pool, with as many blocks as the
 target's (the target's block tables address both). A medusa artifact's heads open with
-`MedusaHeads.open` (medusa.py).
+`MedusaHeads.open` (medusa.py), an eagle artifact's draft layer and fc with `EagleDraft.open`
+(eagle.py: its own one-layer pool, also as many blocks as the target's).
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ingot.artifacts import Manifest, safe_relative_path
 from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
 from ingot.runtime.session import EngineSession
 from ingot.runtime.speculative.config import SpeculativeConfig
 from ingot.runtime.speculative.draft_model import DraftModelDrafter
+from ingot.runtime.speculative.eagle import EagleDraft, EagleDrafter
 from ingot.runtime.speculative.medusa import MedusaDrafter, MedusaHeads
 from ingot.runtime.speculative.ngram import NgramDrafter
 
@@ -65,10 +69,21 @@ def _check_artifact_has(config: SpeculativeConfig, recorded) -> None:
                 f"num_speculative_tokens {config.num_speculative_tokens} exceeds the "
                 f"artifact's {heads.num_heads} Medusa heads (one head proposes each token)"
             )
+    if config.method == "eagle" and getattr(recorded, "eagle", None) is None:
+        raise ValueError(
+            "speculative method eagle needs an artifact built with an EAGLE-3 draft "
+            "(recipe speculative.method: eagle)"
+        )
 
 
 def draft_bytes_per_block(manifest: Manifest, config: SpeculativeConfig | None) -> int:
-    """What the draft's pool adds to each block of the target's (0 without a draft model)."""
+    """What the draft's pool adds to each block of the target's (0 without a draft model or an
+    EAGLE draft)."""
+    if config is not None and config.method == "eagle":
+        eagle = manifest.speculative.eagle  # one layer, float32 K/V (EagleDraft.open)
+        return KVPool.bytes_per_block(
+            1, eagle.kv_block_size, eagle.num_kv_heads, eagle.head_dim, np.float32
+        )
     if config is None or config.method != "draft_model":
         return 0
     graph = manifest.speculative.draft.graph
@@ -119,13 +134,18 @@ def make_drafter(
     draft: DraftModel | None,
     sliding_window: int | None,
     heads: MedusaHeads | None = None,
-) -> NgramDrafter | DraftModelDrafter | MedusaDrafter:
+    eagle: EagleDraft | None = None,
+) -> NgramDrafter | DraftModelDrafter | MedusaDrafter | EagleDrafter:
     if config.method == "ngram":
         return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
     if config.method == "medusa":
         if heads is None:
             raise ValueError("speculative method medusa needs the artifact's Medusa heads")
         return MedusaDrafter(heads)
+    if config.method == "eagle":
+        if eagle is None:
+            raise ValueError("speculative method eagle needs the artifact's EAGLE-3 draft")
+        return EagleDrafter(eagle)
     if draft is None:
         raise ValueError("speculative method draft_model needs the artifact's draft model")
     return DraftModelDrafter(draft.session, draft.pool, sliding_window)

@@ -70,7 +70,7 @@ def test_a_good_request_keeps_drafting():
 @pytest.mark.parametrize(
     ("given", "message"),
     [
-        ({"method": "eagle3"}, "not supported"),
+        ({"method": "eagle2"}, "not supported"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
         ({"method": "ngram", "prompt_lookup_min": 5}, "prompt_lookup_min"),
         ({"method": "ngram", "bogus": 1}, "unknown keys"),

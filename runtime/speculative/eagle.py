@@ -1,0 +1,191 @@
+"""Drafting with an EAGLE-3 draft (speculative.method eagle): one decoder layer that reads the
+target's features (the residual streams entering three of its layers, `aux_hidden`) through
+`fc`, then its own output, one token per call.
+
+Alignment: the draft row at position p takes (tok[p+1], fc(f_p)) and predicts tok[p+2]. For a
+sequence of tokens 0..n (n the last sampled, f_0..f_{n-1} known), call 1 runs the positions
+the draft has not computed, num_draft_computed .. n-1, and its last row gives d1 and its
+prenorm h1; call j + 1 runs (d_j, h_j) at position n - 1 + j and gives d_{j+1}. The draft's K/V
+of position p live in the target's slot for p, in a pool of its own (1 layer, float32, as many
+blocks as the target's), addressed by the target's block tables as for a draft model.
+
+Features arrive through `record`: after every target call the Generator hands over the rows
+of the tokens it keeps (prefill chunks, plain decode steps, verification's kept rows), and the
+drafter keeps per sequence those from `num_draft_computed` on (`SequenceState.draft_features`,
+copies). `propose` consumes them: afterwards num_draft_computed = n, since only positions < n
+were computed from true features (the drafted positions' K/V came from the draft's own hidden
+rows and are written again by the next catch-up, from the features verification records).
+
+Rows that do not continue what is pending restart it at their `start`, with
+num_draft_computed = start: after a prefix-cache hit (the target never computed the cached
+positions, so no features exist), after preemption (which resets num_draft_computed: the
+sequence is recomputed from 0 or from its cached blocks), or when drafting was off for a while
+(the Generator records only while a step could draft). Positions before it are attended as the
+draft pool holds them: computed by whichever sequence last wrote those slots, or not at all.
+Acceptance may drop; the output never changes, since the target verifies every token. (Rows
+recomputing positions still pending, from a sequence preempted before it ever drafted, replace
+the tail instead: the features before them are still right.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import onnxruntime as ort
+
+from ingot.artifacts import Manifest, safe_relative_path
+from ingot.runtime.batch import Batch, build_inputs
+from ingot.runtime.kv_pool import KVPool
+from ingot.runtime.scheduler import Chunk, SequenceState
+from ingot.runtime.session import EagleLayerSession, SessionError, draft_session_options
+
+__all__ = ["EagleDraft", "EagleDrafter", "EagleFc"]
+
+
+class EagleFc:
+    """draft/eagle/fc.onnx: `features` [N, 3Ht] float32 in, `hidden` [N, H] float32 out."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        inputs = {i.name for i in session.get_inputs()}
+        outputs = {o.name for o in session.get_outputs()}
+        if "features" not in inputs or "hidden" not in outputs:
+            raise SessionError(
+                f"EAGLE fc graph: expected input 'features' and output 'hidden', got inputs "
+                f"{sorted(inputs)} and outputs {sorted(outputs)}"
+            )
+        self._session = session
+
+    @classmethod
+    def open(cls, path: Path | str) -> EagleFc:
+        options = draft_session_options()  # one thread, no spinning, as the draft layer's
+        return cls(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
+
+    def run(self, features: np.ndarray) -> np.ndarray:
+        """features [N, 3Ht] -> hidden [N, H]."""
+        feed = {"features": np.ascontiguousarray(features, dtype=np.float32)}
+        return self._session.run(["hidden"], feed)[0]
+
+
+class _Layer(Protocol):  # EagleLayerSession, or a double in tests
+    def run(
+        self, batch: Batch, hidden: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]: ...
+
+
+class _Fc(Protocol):  # EagleFc, or a double in tests
+    def run(self, features: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass(slots=True)
+class EagleDraft:
+    """The draft layer's session over its own pool, and fc."""
+
+    layer: _Layer
+    fc: _Fc
+    pool: KVPool
+
+    @classmethod
+    def open(cls, root: Path, manifest: Manifest, num_blocks: int) -> EagleDraft:
+        """The artifact's draft/eagle graphs (manifest.speculative.eagle) on a pool of
+        `num_blocks` blocks: the target's, whose block tables address both pools."""
+        eagle = manifest.speculative.eagle  # its kv_block_size is the target's (manifest.py)
+        pool = KVPool(
+            1, num_blocks, eagle.kv_block_size, eagle.num_kv_heads, eagle.head_dim, np.float32
+        )
+        layer = EagleLayerSession(safe_relative_path(root, eagle.path), pool)
+        return cls(layer, EagleFc.open(safe_relative_path(root, eagle.fc_path)), pool)
+
+
+class EagleDrafter:
+    needs_features = True  # the Generator hands it the target's aux_hidden rows (`record`)
+
+    def __init__(self, draft: EagleDraft) -> None:
+        self.draft = draft
+
+    def record(self, seq: SequenceState, start: int, rows: np.ndarray) -> None:
+        """The target's features rows [n, 3Ht] of `seq`'s positions start .. start + n - 1
+        (a session buffer: copied)."""
+        pending, begin = seq.draft_features, seq.draft_features_start
+        held = sum(len(r) for r in pending)
+        rows = rows.copy()
+        if begin == seq.num_draft_computed and begin <= start <= begin + held:
+            if start < begin + held:  # recomputed (preempted): these rows replace the tail
+                pending[:] = _first_rows(pending, start - begin)
+            pending.append(rows)
+        else:  # a gap, or stale rows (preemption reset num_draft_computed): restart here
+            seq.draft_features = [rows]
+            seq.draft_features_start = seq.num_draft_computed = start
+
+    def propose(self, seqs: Sequence[SequenceState], ks: Sequence[int]) -> list[list[int]]:
+        """Up to ks[i] greedy drafts per sequence whose pending features reach its last token;
+        none for the others this step. Each table must hold slots up to position n + k - 2
+        (the target reserves n + 1 .. n + k for verification anyway)."""
+        drafts: list[list[int]] = [[] for _ in seqs]
+        active = [i for i, k in enumerate(ks) if k and _ready(seqs[i])]
+        if not active:
+            return drafts
+        # Call 1: the catch-up rows of every sequence, fc'd in one call.
+        features = np.concatenate([r for i in active for r in seqs[i].draft_features])
+        fed = self.draft.fc.run(features)  # [R, H], sequence by sequence
+        feeds = []
+        for i in active:
+            seq = seqs[i]
+            done, n = seq.num_draft_computed, len(seq.token_ids) - 1
+            feeds.append((seq.table, seq.token_ids[done + 1 : n + 1], done))  # tok[p+1] at p
+            seq.draft_features = []  # consumed: the draft holds positions < n from here on
+            seq.draft_features_start = seq.num_draft_computed = n
+        batch = build_inputs(feeds)  # the draft layer attends over every position it holds
+        s, q = batch.input_ids.shape
+        hidden = np.zeros((s * q, fed.shape[-1]), np.float32)
+        hidden[slice(None) if batch.real_rows is None else batch.real_rows] = fed
+        carry = self._step(batch, hidden.reshape(s, q, -1), active, drafts)  # [A, H]
+        # Calls 2..k: (d_j, h_j) at position n - 1 + j -> d_{j+1}.
+        for j in range(1, max(ks[i] for i in active)):
+            keep = [a for a, i in enumerate(active) if ks[i] > j]
+            active, carry = [active[a] for a in keep], carry[keep]
+            feeds = []
+            for i in active:
+                n = len(seqs[i].token_ids) - 1
+                feeds.append((seqs[i].table, [drafts[i][-1]], n - 1 + j))
+            carry = self._step(build_inputs(feeds), carry[:, None, :], active, drafts)
+        return drafts
+
+    def observe(self, batch: Batch, chunks: Sequence[Chunk]) -> None:
+        pass  # features arrive through `record`; the catch-up in `propose` computes them
+
+    def accepted(self, seq: SequenceState) -> None:
+        pass  # the Generator records the kept rows (from position n) before calling this
+
+    def _step(
+        self, batch: Batch, hidden: np.ndarray, active: list[int], drafts: list[list[int]]
+    ) -> np.ndarray:
+        """One draft layer call: its K/V into the pool, each active sequence's token appended
+        to its drafts; its draft_hidden rows [A, H] (a copy: the next call's input)."""
+        tokens, rows, new_kv = self.draft.layer.run(batch, hidden)
+        batch.write_kv(self.draft.pool, new_kv)
+        for i, token in zip(active, tokens.tolist(), strict=True):
+            drafts[i].append(token)
+        return rows.copy()
+
+
+def _ready(seq: SequenceState) -> bool:
+    """Whether `seq`'s pending features are those of positions num_draft_computed .. n - 1."""
+    n = len(seq.token_ids) - 1
+    held = sum(len(r) for r in seq.draft_features)
+    begin = seq.draft_features_start
+    return begin == seq.num_draft_computed < n and begin + held == n
+
+
+def _first_rows(blocks: list[np.ndarray], count: int) -> list[np.ndarray]:
+    """The first `count` rows of row blocks, as row blocks."""
+    kept = []
+    for block in blocks:
+        if count <= 0:
+            break
+        kept.append(block[:count])
+        count -= len(block)
+    return kept
