@@ -53,7 +53,8 @@ class Recipe(_Strict):
         default=None,
         description="Speculative decoding: the runtime's default method, recorded in the "
         "manifest; method draft_model also builds the draft model into the artifact's draft/, "
-        "method medusa its heads into draft/heads/.",
+        "method medusa its heads into draft/heads/, method eagle its draft layer into "
+        "draft/eagle/.",
     )
     artifact: Artifact = Field(description="Name and version of the result.")
 
@@ -76,28 +77,40 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _calibration_for_trained_heads(self) -> Recipe:
-        # The heads learn from the target's hidden states on the calibration windows.
-        if self.trains_heads() and self.calibration is None:
+        # The heads (or the EAGLE-3 layer) learn from the target's hidden states on the
+        # calibration windows.
+        if not self.trains_heads():
+            return self
+        what = "an EAGLE-3 draft" if self.speculative.method == "eagle" else "Medusa heads"
+        if self.calibration is None:
             raise PydanticCustomError(
                 "calibration_missing",
-                "speculative.heads.train: needs calibration data, the text the heads are "
-                "trained on (add a `calibration:` section with dataset, samples, seq_len)",
-                {},
+                "speculative.heads.train: needs calibration data, the text {what} is trained "
+                "on (add a `calibration:` section with dataset, samples, seq_len)",
+                {"what": what},
             )
-        if self.trains_heads() and self.calibration.samples < 2:
+        if self.calibration.samples < 2:
             raise PydanticCustomError(
                 "calibration_samples",
-                "calibration.samples: {n} is too few to train Medusa heads (at least 2: a "
-                "tenth of the windows, at least one, is held out to score them)",
-                {"n": self.calibration.samples},
+                "calibration.samples: {n} is too few to train {what} (at least 2: a tenth of "
+                "the windows, at least one, is held out to score it)",
+                {"n": self.calibration.samples, "what": what},
             )
-        heads = self.speculative.heads.train.num_heads if self.trains_heads() else 0
-        if heads and self.calibration.seq_len <= heads + 1:
+        train, seq_len = self.speculative.heads.train, self.calibration.seq_len
+        if self.speculative.method == "eagle":
+            if train.span > seq_len:
+                raise PydanticCustomError(
+                    "calibration_seq_len",
+                    "speculative.heads.train.span: {span} exceeds calibration.seq_len {t} "
+                    "(a span is cut from one window)",
+                    {"span": train.span, "t": seq_len},
+                )
+        elif seq_len <= train.num_heads + 1:
             raise PydanticCustomError(
                 "calibration_seq_len",
                 "calibration.seq_len: {t} is too short for {k} Medusa heads (more than k + 1 "
                 "tokens per window: head k learns from the token k + 1 positions on)",
-                {"t": self.calibration.seq_len, "k": heads},
+                {"t": seq_len, "k": train.num_heads},
             )
         return self
 
@@ -159,7 +172,8 @@ class Recipe(_Strict):
         return self
 
     def trains_heads(self) -> bool:
-        """Whether the build trains Medusa heads (on the calibration windows)."""
+        """Whether the build trains Medusa heads or an EAGLE-3 draft (on the calibration
+        windows)."""
         heads = getattr(self.speculative, "heads", None)
         return heads is not None and heads.train is not None
 

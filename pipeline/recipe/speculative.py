@@ -1,11 +1,11 @@
 """The `speculative` section: how the runtime drafts tokens for the target to verify, and the
 draft model the build compiles for it.
 
-One member per method, discriminated by `method` (a new method, eagle, is one more class in
-the union): `ngram` builds nothing and is only recorded in the manifest; `draft_model` builds a
-second, smaller checkpoint through the target's stages into the artifact's `draft/`; `medusa`
-trains (or attaches) heads on the target's final hidden state and exports them to
-`draft/heads/`.
+One member per method, discriminated by `method`: `ngram` builds nothing and is only recorded
+in the manifest; `draft_model` builds a second, smaller checkpoint through the target's stages
+into the artifact's `draft/`; `medusa` trains (or attaches) heads on the target's final hidden
+state and exports them to `draft/heads/`; `eagle` trains (or attaches) an EAGLE-3 draft layer
+on three of the target's hidden states and exports it to `draft/eagle/`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from .source import Source
 __all__ = [
     "Draft",
     "DraftModelSpeculative",
+    "EagleHeads",
+    "EagleSpeculative",
+    "EagleTrain",
     "MedusaHeads",
     "MedusaSpeculative",
     "MedusaTrain",
@@ -145,8 +148,70 @@ class MedusaSpeculative(_Strict):
         return self
 
 
+class EagleTrain(_Strict):
+    """Self-distillation of an EAGLE-3 draft layer against the quantized target, on the
+    recipe's calibration windows (`pipeline/heads/eagle_train.py`): from three of the target's
+    hidden states and the next token's embedding, the layer learns the target's own
+    distribution one position further on, and (training-time test) again from its own output
+    for `ttt_steps - 1` more positions. The layer has the target's attention and MLP shapes,
+    its embedding is the target's and its lm_head starts as the target's (full vocabulary)."""
+
+    steps: int = Field(default=800, ge=1, description="Optimizer steps (AdamW).")
+    learning_rate: float = Field(default=1e-3, gt=0, description="AdamW learning rate.")
+    batch_size: int = Field(default=8, ge=1, description="Token spans per step.")
+    span: int = Field(
+        default=128, ge=8, description="Tokens per span (at most calibration.seq_len)."
+    )
+    ttt_steps: int = Field(
+        default=3,
+        ge=1,
+        le=8,
+        description="Drafting steps unrolled in training (EAGLE-3's "
+        "training-time test): 1 trains on the target's features only.",
+    )
+    aux_layers: tuple[int, int, int] | None = Field(
+        default=None,
+        description="The target layers whose inputs feed the draft (3 indices); default "
+        "vLLM's: 2, num_layers // 2, num_layers - 3.",
+    )
+    seed: int = Field(default=0, ge=0, description="Seed for the spans each step draws.")
+
+
+class EagleHeads(_Strict):
+    """Where the EAGLE-3 draft comes from: trained here (`train`), or an existing checkpoint
+    in the speculators format (`attach`: config.json with speculators_model_type eagle3 +
+    safetensors: fc, layers.0.*, norm, lm_head over a draft vocabulary with d2t / t2d)."""
+
+    train: EagleTrain | None = Field(default=None, description="Train the draft in the build.")
+    attach: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Directory of an EAGLE-3 checkpoint in the speculators format (relative "
+        "to the recipe file); its vocab_size and target hidden size must be the target's.",
+    )
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> EagleHeads:
+        if (self.train is None) == (self.attach is None):
+            raise PydanticCustomError(
+                "heads_origin", "give exactly one of `train` and `attach`", {}
+            )
+        return self
+
+
+class EagleSpeculative(_Strict):
+    """An EAGLE-3 draft layer proposes the tokens one at a time from three of the target's
+    hidden states (its first draft) and from its own output (the next ones), with a KV cache
+    of its own in the target's block tables."""
+
+    method: Literal["eagle"] = Field(description="Speculative decoding method.")
+    num_speculative_tokens: NumSpeculativeTokens
+    heads: EagleHeads = Field(description="Train the draft layer, or attach an existing one.")
+
+
 # Discriminated by `method`: an unknown method fails with the list of known ones, and a field
 # of another method (draft under ngram, prompt_lookup_* under draft_model) is an unknown field.
 Speculative = Annotated[
-    NgramSpeculative | DraftModelSpeculative | MedusaSpeculative, Field(discriminator="method")
+    NgramSpeculative | DraftModelSpeculative | MedusaSpeculative | EagleSpeculative,
+    Field(discriminator="method"),
 ]

@@ -34,11 +34,11 @@ def load(tmp_path: Path, speculative: str, extra: str = "") -> object:
 
 BAD = [
     pytest.param(
-        "speculative: {method: eagle, num_speculative_tokens: 4}",
+        "speculative: {method: mtp, num_speculative_tokens: 4}",
         [
             "speculative.method: unknown method",
-            "got 'eagle'",
-            "allowed: ngram, draft_model, medusa",
+            "got 'mtp'",
+            "allowed: ngram, draft_model, medusa, eagle",
         ],
         id="unknown-method",
     ),
