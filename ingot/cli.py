@@ -118,9 +118,9 @@ def _quantization(q: dict[str, Any]) -> str:
 
 
 def _echo_speculative(manifest) -> None:
-    """inspect's lines for manifest.speculative: the method, the Medusa heads or the draft
-    model and its engines, and the mean accepted length the build measured (eval.speculative),
-    if it did."""
+    """inspect's lines for manifest.speculative: the method, the Medusa heads, the EAGLE-3
+    draft or the draft model and its engines, and the mean accepted length the build measured
+    (eval.speculative), if it did."""
     spec = manifest.speculative
     line = f"{spec.method}, k={spec.num_speculative_tokens}"
     if spec.method == "ngram":
@@ -141,6 +141,16 @@ def _echo_speculative(manifest) -> None:
         click.echo(
             f"  heads      medusa: {heads.num_heads} heads of {heads.num_layers} layer(s), "
             f"{heads.path} ({origin})"
+        )
+    eagle = getattr(spec, "eagle", None)  # manifests from before EAGLE have none
+    if eagle is not None:
+        origin = eagle.origin
+        if eagle.training is not None:
+            shares = " / ".join(f"{a:.2f}" for a in eagle.training["held_out_acceptance"])
+            origin += f" {eagle.training['steps']} steps, held-out acceptance {shares}"
+        click.echo(
+            f"  eagle      eagle3: 1 layer, hidden {eagle.hidden_size}, draft vocab "
+            f"{eagle.draft_vocab_size}, aux layers {eagle.aux_layers}, {eagle.path} ({origin})"
         )
     if spec.draft is None:
         return

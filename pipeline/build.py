@@ -25,6 +25,7 @@ from .evaluate import (
 )
 from .evaluate.windows import EvalWindows, eval_windows
 from .heads.attach import AttachedHeads, resolve_heads
+from .heads.eagle_attach import AttachedEagle, resolve_eagle
 from .interop import write_interop
 from .interop.kv_scheme import KV_SCHEME_FORMATS, kv_scales_digest, read_kv_scales
 from .manifest_fields import (
@@ -42,6 +43,7 @@ from .resources import calibration_device, check_resources, require_resources
 from .source import ResolvedSource, resolve_source
 from .stage_memory import StagePeak
 from .stages.calibrate import PreparedCalibration, prepare_calibration
+from .stages.eagle import eagle_aux_layers, run_eagle
 from .stages.engine import CHECK_REPORT, ENGINE_RECORD, engine_name, run_engine
 from .stages.evaluate import run_evaluate
 from .stages.export import run_export
@@ -119,6 +121,7 @@ def build(
     check_recipe_against_model(recipe, model_cfg)
     draft = resolve_draft(recipe, source, model_cfg)  # a draft that cannot serve fails here
     attached = resolve_heads(recipe, recipe_path, model_cfg)  # and attached Medusa heads
+    attached_eagle = resolve_eagle(recipe, recipe_path, model_cfg)  # and an EAGLE-3 draft
     sign_key = _sign_key(recipe, recipe_path)  # a missing key fails before any stage runs
     chat_template = recipe_chat_template(recipe, recipe_path)  # and a missing template
     evaluation = eval_windows(recipe, recipe_path, source.path)  # unreadable data fails here
@@ -160,12 +163,24 @@ def build(
         return path, digest
 
     source_digest = _source_digest(source)
+    method = recipe.speculative.method if recipe.speculative is not None else None
+    aux_layers = None  # the target layers an EAGLE-3 draft reads (the graph outputs them)
+    if method == "eagle":
+        aux_layers = eagle_aux_layers(
+            recipe.speculative.heads, model_cfg.num_layers, attached_eagle
+        )
     target = _compile(
-        stage, recipe, _Model("", source.path, source_digest, recipe.quantize, calibration)
+        stage,
+        recipe,
+        _Model("", source.path, source_digest, recipe.quantize, calibration),
+        aux_layers,
     )
-    heads = None
-    if getattr(recipe.speculative, "heads", None) is not None:
+    heads = eagle = None
+    if method == "medusa":
         heads = _heads(stage, recipe, target, attached, calibration)
+    elif method == "eagle":
+        verifier = getattr(recipe.source, "hub", None) or source.path.name  # for speculators
+        eagle = _eagle(stage, recipe, target, attached_eagle, calibration, verifier)
     drafted = None
     if draft is not None:
         # The draft goes through the same stages under names of its own (draft-quantize, ...)
@@ -209,6 +224,8 @@ def build(
             dirs["draft_engine"] = (drafted.engine_dirs[first], drafted.engine_digests[first])
         if heads is not None:
             dirs["heads"] = heads
+        if eagle is not None:
+            dirs["eagle"] = eagle
         e_dir = _evaluate(
             stage, evaluation, spec_eval, dirs, first, model_cfg, recipe.export.max_seq_len
         )
@@ -239,7 +256,8 @@ def build(
     if recipe.speculative is not None:
         draft_cfg = draft.cfg if draft is not None else None
         heads_dir = heads[0] if heads is not None else None
-        fields["speculative"] = speculative_fields(recipe, draft_cfg, drafted, heads_dir)
+        eagle_dir = eagle[0] if eagle is not None else None
+        fields["speculative"] = speculative_fields(recipe, draft_cfg, drafted, heads_dir, eagle_dir)
     report("package", "start")
     peak.start()
     started = time.perf_counter()
@@ -250,6 +268,7 @@ def build(
         engine_dirs=target.engine_dirs,
         draft_engine_dirs=drafted.engine_dirs if drafted is not None else None,
         heads_dir=heads[0] if heads is not None else None,
+        eagle_dir=eagle[0] if eagle is not None else None,
         lock=lock,
         manifest_fields=fields,
         extra_dirs=extra_dirs,
@@ -275,9 +294,12 @@ class _Model:
     calibration: PreparedCalibration | None
 
 
-def _compile(stage, recipe: Recipe, model: _Model) -> Compiled:
+def _compile(
+    stage, recipe: Recipe, model: _Model, aux_layers: tuple[int, ...] | None = None
+) -> Compiled:
     """[calibrate ->] quantize -> export -> engine per target, for one model, with the recipe's
-    kv_cache, export and targets (a draft's block size must be the target's)."""
+    kv_cache, export and targets (a draft's block size must be the target's); `aux_layers`:
+    the graph also outputs those layers' entering states (an EAGLE-3 draft's inputs)."""
     calibrated = _calibrate(stage, model)
     q_dir, q_digest = _quantize(stage, model, calibrated)
     export_slice, export_inputs, c_dir = recipe.stage_slice("export"), {"quantize": q_digest}, None
@@ -287,11 +309,20 @@ def _compile(stage, recipe: Recipe, model: _Model) -> Compiled:
         export_slice = {**export_slice, "calibration": model.calibration.key_slice}
         export_inputs |= {"dataset": model.calibration.calibration.dataset_digest}
         export_inputs |= {"calibrate": c_digest}
+    if aux_layers is not None:  # absent otherwise: other recipes keep their keys
+        export_slice = {**export_slice, "aux_layers": list(aux_layers)}
     x_dir, x_digest = stage(
         f"{model.prefix}export",
         export_slice,
         export_inputs,
-        lambda tmp: run_export(q_dir, recipe.export, recipe.kv_cache, tmp, calibration_dir=c_dir),
+        lambda tmp: run_export(
+            q_dir,
+            recipe.export,
+            recipe.kv_cache,
+            tmp,
+            calibration_dir=c_dir,
+            aux_layers=aux_layers,
+        ),
     )
     compiled = Compiled(q_dir, q_digest, x_dir, calibrated=calibrated)
     for target in recipe.targets:
@@ -346,6 +377,52 @@ def _heads(
     )
 
 
+def _eagle(
+    stage,
+    recipe: Recipe,
+    target: Compiled,
+    attached: AttachedEagle | None,
+    calibration: PreparedCalibration | None,
+    verifier: str,
+) -> tuple[Path, str]:
+    """The EAGLE-3 stage: keyed by the quantized target (its embedding feeds the draft, and a
+    trained draft learns from it) and an attached checkpoint's files' digest, or the
+    calibration windows a trained draft learns on (resumable)."""
+    spec = recipe.speculative.heads
+    slice_: dict[str, Any] = {
+        "eagle": spec.model_dump(mode="json", exclude={"attach"}),
+        "max_seq_len": recipe.export.max_seq_len,
+        "kv_block_size": recipe.kv_cache.block_size,
+        "num_speculative_tokens": recipe.speculative.num_speculative_tokens,
+    }
+    slice_["verifier"] = verifier  # written into the speculators config.json
+    inputs = {"quantize": target.quantize_digest}
+    common = {
+        "ir_dir": target.quantize_dir,
+        "max_seq_len": recipe.export.max_seq_len,
+        "kv_block_size": recipe.kv_cache.block_size,
+        "num_speculative_tokens": recipe.speculative.num_speculative_tokens,
+        "verifier": verifier,
+    }
+    if attached is not None:
+        return stage(
+            "eagle",
+            slice_,
+            {**inputs, "attach": attached.digest},
+            lambda tmp: run_eagle(spec, tmp, attached=attached, **common),
+        )
+    c_dir, c_digest = target.calibrated
+    slice_["calibration"] = calibration.key_slice
+    inputs |= {"calibrate": c_digest, "dataset": calibration.calibration.dataset_digest}
+    return stage(
+        "eagle",
+        slice_,
+        inputs,
+        lambda tmp, work: run_eagle(spec, tmp, calibration_dir=c_dir, work_dir=work, **common),
+        resumable=True,
+    )
+
+
 def _calibrate(stage, model: _Model) -> tuple[Path, str] | None:
     """The calibrate stage, when a GPTQ / AWQ entry or an int8 / fp8 KV cache needs the
     windows (`prepare_calibration` prepared them); None otherwise."""
@@ -392,9 +469,9 @@ def _evaluate(
     max_seq_len: int,
 ) -> Path:
     """The evaluate stage over the stage outputs ``dirs`` ({"source" | "quantize" | "engine" |
-    "draft_engine" | "heads": (directory, digest)}, the draft's with a draft model, the heads
-    with Medusa); ``engine`` names the
-    engine measured. Perplexity with ``evaluation``, speculation with ``spec_eval``."""
+    "draft_engine" | "heads" | "eagle": (directory, digest)}, the draft's with a draft model,
+    the heads with Medusa, the EAGLE-3 stage's with eagle); ``engine`` names the engine
+    measured. Perplexity with ``evaluation``, speculation with ``spec_eval``."""
     (s_dir, s_digest), (q_dir, _), (e_dir, e_digest) = (
         dirs[name] for name in ("source", "quantize", "engine")
     )
@@ -405,7 +482,7 @@ def _evaluate(
         # max_delta is left out of the key: changing the gate re-judges, it does not re-measure.
         slice_["perplexity"] = evaluation.spec.model_dump(mode="json", exclude={"max_delta"})
         inputs |= {"quantize": dirs["quantize"][1], "dataset": evaluation.digest}
-    draft_dir = heads_dir = None
+    draft_dir = heads_dir = eagle_dir = None
     if spec_eval is not None:
         slice_["speculative"] = spec_eval.key_slice()
         inputs["speculative_dataset"] = spec_eval.digest
@@ -413,12 +490,15 @@ def _evaluate(
             draft_dir, inputs["draft_engine"] = dirs["draft_engine"]
         if spec_eval.method.method == "medusa":
             heads_dir, inputs["heads"] = dirs["heads"]
+        if spec_eval.method.method == "eagle":
+            eagle_dir, inputs["eagle"] = dirs["eagle"]
         runtime += [
             "ingot.runtime.generate",
             "ingot.runtime.speculative.load",
             "ingot.runtime.speculative.draft_model",
             "ingot.runtime.speculative.ngram",
             "ingot.runtime.speculative.medusa",
+            "ingot.runtime.speculative.eagle",
         ]
     inputs["runtime"] = _runtime_digest(runtime)
     out, _ = stage(
@@ -434,6 +514,7 @@ def _evaluate(
             speculative=spec_eval,
             draft_engine_dir=draft_dir,
             heads_dir=heads_dir,
+            eagle_dir=eagle_dir,
             cfg=cfg,
             max_seq_len=max_seq_len,
         ),

@@ -9,12 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .heads.eagle_export import FC_FILE as EAGLE_FC
+from .heads.eagle_export import MODEL_FILE as EAGLE_MODEL
 from .heads.export import MODEL_FILE as HEADS_MODEL
 from .model.config import ModelConfig
 from .recipe import Recipe
+from .stages.eagle import EAGLE_RECORD
 from .stages.export import GRAPH_INFO
 from .stages.heads import HEADS_RECORD
-from .stages.package import DRAFT_DIR, HEADS_DIR
+from .stages.package import DRAFT_DIR, EAGLE_DIR, HEADS_DIR
 
 __all__ = ["Compiled", "eval_and_interop_fields", "manifest_fields", "speculative_fields"]
 
@@ -77,12 +80,22 @@ def speculative_fields(
     draft: ModelConfig | None,
     drafted: Compiled | None,
     heads_dir: Path | None = None,
+    eagle_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The manifest's `speculative`: the recipe's section, for draft_model the draft's model
     (of config `draft`), graph interface and engines under draft/ (its graph's path is its
     first engine's: no portable graph of the draft is shipped), for medusa the heads (the
-    heads stage's record in ``heads_dir``) under draft/heads/."""
+    heads stage's record in ``heads_dir``) under draft/heads/, for eagle the EAGLE-3 draft (the
+    eagle stage's record in ``eagle_dir``) under draft/eagle/."""
     fields = recipe.speculative.model_dump(mode="json", exclude={"draft", "heads"})
+    if eagle_dir is not None:
+        record = json.loads((eagle_dir / EAGLE_RECORD).read_text())
+        fields["eagle"] = {
+            "method": "eagle",
+            **record,
+            "path": f"{EAGLE_DIR}{EAGLE_MODEL}",
+            "fc_path": f"{EAGLE_DIR}{EAGLE_FC}",
+        }
     if heads_dir is not None:
         record = json.loads((heads_dir / HEADS_RECORD).read_text())
         fields["heads"] = {

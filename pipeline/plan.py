@@ -228,8 +228,11 @@ def _model_stages(
         name = f"{target.engine}-{target.device}"
         exact_first = target.matmul_accuracy_level == 4
         stages.append(_engine(shapes, name, onnx_bytes, exact_first))
-    if not prefix and getattr(recipe.speculative, "heads", None) is not None:
+    method = recipe.speculative.method if recipe.speculative is not None else None
+    if not prefix and method == "medusa":
         stages.append(_heads(shapes, recipe))
+    elif not prefix and method == "eagle":
+        stages.append(_eagle(shapes, recipe))
     for estimate in stages:
         estimate.stage = prefix + estimate.stage
     return _ModelStages(stages, onnx_bytes, ir_bytes)
@@ -268,6 +271,44 @@ def _heads(shapes: _Shapes, recipe: Recipe) -> StageEstimate:
     peak += layer_call + 4 * head_bytes + shapes.layer_params * 4
     note = f"{train.steps} steps over {cal.samples} x {cal.seq_len} hidden states"
     return StageEstimate("heads", int(peak), seconds, note)
+
+
+def _eagle(shapes: _Shapes, recipe: Recipe) -> StageEstimate:
+    """An EAGLE-3 draft: trained, the target's three aux states and final hidden state over
+    every calibration window (held), one forward of the model over them, then per step and
+    unrolled drafting step the draft layer and the teacher's and the draft's lm_head over the
+    spans;
+    attached, a load and an export. Both export and check the graphs (the layer, fc, the
+    embedding copied into the draft's graph)."""
+    c = CONSTANTS
+    cfg = shapes.cfg
+    h, v = cfg.hidden_size, cfg.vocab_size
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    layer = 2 * h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size  # q/k/v read [2H]
+    draft_bytes = (layer + 3 * h * h + 2 * h * v) * 4  # layer, fc, lm_head, embedding copy
+    train = recipe.speculative.heads.train
+    if train is None:
+        return StageEstimate(
+            "eagle", int(c["runtime_baseline_bytes"] + 3 * draft_bytes), 5.0, "attach"
+        )
+    cal = recipe.calibration
+    tokens = cal.samples * cal.seq_len
+    held = tokens * 4 * h * 4  # aux states [3H] + final hidden [H], float32
+    rate = c["batched_flops_per_second"]
+    forward = 2 * tokens * shapes.params / rate
+    span_tokens = train.batch_size * train.span
+    # Per unrolled step and token: the layer and the two vocab-wide matmuls (the teacher's
+    # lm_head, the draft's) forward, 2 FLOPs a weight; backward and the softmaxes fold into the
+    # fitted rate (demo-eagle, 400 steps: 130 s measured).
+    per_step = train.ttt_steps * span_tokens * 2 * (layer + 2 * h * v)
+    seconds = forward + train.steps * per_step / rate
+    # The held states twice (the walk's and the final norm's), the draft with AdamW's two
+    # moments and gradients, per unrolled step the layer's activations over the spans.
+    activations = train.ttt_steps * span_tokens * (6 * h + 2 * cfg.intermediate_size + 2 * v) * 4
+    peak = c["runtime_baseline_bytes"] + c["training_overhead_bytes"] + 2 * held
+    peak += activations + 4 * draft_bytes + shapes.layer_params * 4
+    note = f"{train.steps} steps x {train.ttt_steps} drafts over {cal.samples} x {cal.seq_len}"
+    return StageEstimate("eagle", int(peak), seconds, note)
 
 
 @dataclass(slots=True)

@@ -8,7 +8,9 @@ greedy decoding and EOS ignored, `max_tokens` tokens, on the first target's engi
 `KVPool`, `EngineSession` and `Generator`, with the runtime's drafter: prompt lookup, the
 draft model's engine of the same name on a pool of as many blocks as the target's (as
 `DraftModel.open` builds it from a manifest; here from the stage directories, since nothing is
-packaged yet), or the Medusa heads graph on the target's hidden state. The back-off is off
+packaged yet), the Medusa heads graph on the target's hidden state, or the EAGLE-3 draft's
+graphs (the eagle stage's, on a pool like the draft model's) on the target's aux states. The
+back-off is off
 (`min_acceptance_rate` 0, no batch-size cut-off), so every step drafts and the counters measure
 the drafter, not the policy.
 
@@ -29,6 +31,7 @@ import numpy as np
 
 from ..recipe import (
     DraftModelSpeculative,
+    EagleSpeculative,
     MedusaSpeculative,
     NgramSpeculative,
     Recipe,
@@ -58,7 +61,8 @@ class SpeculativePrompts:
     """What the evaluate stage measures speculation with, prepared before any build work."""
 
     spec: SpeculativeEval  # the recipe's evaluate.speculative
-    method: NgramSpeculative | DraftModelSpeculative | MedusaSpeculative  # the recipe's section
+    # the recipe's section
+    method: NgramSpeculative | DraftModelSpeculative | MedusaSpeculative | EagleSpeculative
     dataset: str  # the text source, evaluate.perplexity's when the section names none
     split: str
     text_field: str
@@ -127,6 +131,11 @@ class _CountingRunner:
         """The last call's hidden rows (a session opened with hidden=True: medusa)."""
         return self.session.hidden
 
+    @property
+    def aux_hidden(self):
+        """The last call's aux states (a session opened with aux=True: eagle)."""
+        return self.session.aux_hidden
+
 
 def measure_speculation(
     job: SpeculativePrompts,
@@ -139,18 +148,20 @@ def measure_speculation(
     vocab_size: int,
     eos_token_ids: tuple[int, ...] = (),
     heads_file: Path | None = None,
+    eagle_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The report's `speculative` block: the drafter's counters over the prompts, the target's
     calls with and without speculation, and how many prompts decode as plain greedy does.
 
     `engine_dir` and `draft_engine_dir` (draft_model only) are engine stage outputs of the same
-    engine name; `heads_file` (medusa only) is the heads graph; `max_seq_len` is the exported
-    graph's."""
+    engine name; `heads_file` (medusa only) is the heads graph, `eagle_dir` (eagle only) the
+    eagle stage's output; `max_seq_len` is the exported graph's."""
     from ingot.runtime.generate import Generator, GeneratorConfig
     from ingot.runtime.kv_pool import KVPool
     from ingot.runtime.sampling import SamplingParams
-    from ingot.runtime.session import EngineSession
+    from ingot.runtime.session import EagleLayerSession, EngineSession
     from ingot.runtime.speculative import Speculation, SpeculativeConfig
+    from ingot.runtime.speculative.eagle import EagleDraft, EagleFc
     from ingot.runtime.speculative.load import DraftModel, make_drafter
     from ingot.runtime.speculative.medusa import MedusaHeads
     from ingot.runtime.tokenizer import TextTokenizer
@@ -169,13 +180,26 @@ def measure_speculation(
         layout["head_dim"],
         layout["dtype"],
     )
-    medusa = method.method == "medusa"
+    medusa, eagle = method.method == "medusa", method.method == "eagle"
     if medusa and heads_file is None:
         raise ValueError("speculative method medusa: no heads graph to measure")
-    # The heads draft from the target's hidden state: its session binds that output too.
-    target = _CountingRunner(
-        EngineSession(engine_file, pool, record["session_options"], hidden=medusa)
-    )
+    if eagle and eagle_dir is None:
+        raise ValueError("speculative method eagle: no EAGLE-3 draft to measure")
+    # The heads draft from the target's hidden state, an EAGLE-3 draft from its aux states:
+    # its session binds that output too.
+    session = EngineSession(engine_file, pool, record["session_options"], hidden=medusa, aux=eagle)
+    target = _CountingRunner(session)
+    eagle_draft = None
+    if eagle:  # as EagleDraft.open builds it from a manifest: a float32 pool of 1 layer
+        from ..heads.eagle_export import FC_FILE, MODEL_FILE
+        from ..stages.eagle import EAGLE_RECORD
+
+        sizes = json.loads((eagle_dir / EAGLE_RECORD).read_text())
+        eagle_pool = KVPool(
+            1, num_blocks, block, sizes["num_kv_heads"], sizes["head_dim"], np.float32
+        )
+        layer = EagleLayerSession(eagle_dir / MODEL_FILE, eagle_pool)
+        eagle_draft = EagleDraft(layer, EagleFc.open(eagle_dir / FC_FILE), eagle_pool)
     heads = MedusaHeads.open(heads_file) if medusa else None
     draft = None
     if method.method == "draft_model":
@@ -208,7 +232,8 @@ def measure_speculation(
         min_acceptance_rate=0.0,  # never backs off: every step drafts
         adaptive=False,  # nor stops where drafting timed slower: counts, not this machine's clock
     )
-    speculation = Speculation(config, make_drafter(config, draft, sliding_window, heads))
+    drafter = make_drafter(config, draft, sliding_window, heads, eagle_draft)
+    speculation = Speculation(config, drafter)
     tokenizer = TextTokenizer(tokenizer_file)
     generator_config = GeneratorConfig(
         max_seq_len=max_seq_len,

@@ -32,9 +32,10 @@ def resolve_heads(recipe: Recipe, recipe_path: Path, target: ModelConfig) -> Att
     """The attached heads' directory (relative to the recipe file) with its digest, checked
     against the target: vocab_size, hidden_size, at least num_speculative_tokens heads.
     None when the recipe attaches none; RecipeError naming the field otherwise."""
-    heads = getattr(recipe.speculative, "heads", None)
-    if heads is None or heads.attach is None:
+    spec = recipe.speculative
+    if spec is None or spec.method != "medusa" or spec.heads.attach is None:
         return None
+    heads = spec.heads
     path = Path(heads.attach).expanduser()
     if not path.is_absolute():
         path = Path(recipe_path).absolute().parent / path

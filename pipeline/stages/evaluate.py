@@ -38,6 +38,7 @@ def run_evaluate(
     speculative: SpeculativePrompts | None = None,
     draft_engine_dir: Path | None = None,
     heads_dir: Path | None = None,
+    eagle_dir: Path | None = None,
     cfg: ModelConfig | None = None,
     max_seq_len: int | None = None,
 ) -> None:
@@ -45,7 +46,7 @@ def run_evaluate(
     changing `max_delta` or `min_accepted_length` re-uses this stage). `speculative` needs the
     model's `cfg` and the exported `max_seq_len`, for draft_model the draft's engine stage
     output of the first target's name (`draft_engine_dir`), for medusa the heads stage's output
-    (`heads_dir`)."""
+    (`heads_dir`), for eagle the eagle stage's (`eagle_dir`)."""
     report = {}
     if perplexity_windows is not None:
         report["perplexity"] = _perplexity(source_path, ir_dir, engine_dir, perplexity_windows)
@@ -62,6 +63,7 @@ def run_evaluate(
             vocab_size=cfg.vocab_size,
             eos_token_ids=tuple(cfg.eos_token_ids),
             heads_file=heads_dir / HEADS_MODEL if heads_dir is not None else None,
+            eagle_dir=eagle_dir,
         )
         gc.collect()
     (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -24,7 +24,7 @@ from ingot.artifacts.digest import copy_file_sha256, sha256_bytes
 
 from ..chat_template import chat_template_of
 
-__all__ = ["DRAFT_DIR", "HEADS_DIR", "run_package"]
+__all__ = ["DRAFT_DIR", "EAGLE_DIR", "HEADS_DIR", "run_package"]
 
 # A draft model's engines: draft/engines/<name>/ (no portable graph of the draft is shipped:
 # the runtime loads engines only, and the target's model.onnx is the portable one).
@@ -33,6 +33,10 @@ DRAFT_DIR = "draft/"
 # manifest, the vLLM-layout copy stays in the stage cache).
 HEADS_DIR = "draft/heads/"
 _HEADS_FILES = ("model.onnx", "model.onnx.data")
+# An EAGLE-3 draft: draft/eagle/model.onnx (the draft layer) and fc.onnx, each with its .data
+# (the eagle stage's graphs; the speculators copy stays in the stage cache).
+EAGLE_DIR = "draft/eagle/"
+_EAGLE_FILES = ("model.onnx", "model.onnx.data", "fc.onnx", "fc.onnx.data")
 
 
 # {path inside the artifact: (size, sha256 hex)} of the files copied so far.
@@ -78,12 +82,14 @@ def run_package(
     chat_template: str | None = None,
     known_digests: Mapping[Path, str] | None = None,
     heads_dir: Path | None = None,
+    eagle_dir: Path | None = None,
 ) -> tuple[Any, str]:
     """Write the artifact to a sibling temp dir, then swap it in: a failure keeps the old one.
 
     `chat_template` (the recipe's artifact.chat_template, read) is shipped instead of the
     checkpoint's template; `draft_engine_dirs` (a draft model's engine stages) go under
-    draft/engines/; `heads_dir` (the Medusa heads stage) ships its graph under draft/heads/;
+    draft/engines/; `heads_dir` (the Medusa heads stage) ships its graph under draft/heads/,
+    `eagle_dir` (the EAGLE-3 stage) its two graphs under draft/eagle/;
     `known_digests` {stage file: sha256} are digests the build already holds (module
     docstring)."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -100,6 +106,9 @@ def run_package(
         if heads_dir is not None:
             for name in _HEADS_FILES:
                 copy.file(heads_dir / name, tmp / HEADS_DIR / name)
+        if eagle_dir is not None:
+            for name in _EAGLE_FILES:
+                copy.file(eagle_dir / name, tmp / EAGLE_DIR / name)
         for rel, stage_dir in (extra_dirs or {}).items():  # eval/, interop/<format>/: as is
             copy.tree(stage_dir, tmp / rel, with_json=True)
         copy.file(source / "tokenizer.json", tmp / "tokenizer.json")

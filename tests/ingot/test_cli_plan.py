@@ -42,6 +42,23 @@ def test_plan_lists_the_medusa_heads_stage_and_its_training(tmp_path):
     assert doubled["seconds"] > 1.5 * heads["seconds"]
 
 
+def test_plan_lists_the_eagle_stage_and_its_training(tmp_path):
+    base = REPO / "recipes/demo-eagle.yaml"
+    out = CliRunner().invoke(main, ["plan", "--recipe", str(base), "--json"]).output
+    stages = {s["stage"]: s for s in json.loads(out)["stages"]}
+    assert "calibrate" in stages and "heads" not in stages  # the draft's training windows
+    eagle = stages["eagle"]
+    assert "400 steps x 3 drafts over 64 x 256" in eagle["notes"]
+    attached = tmp_path / "demo" / "attached.yaml"
+    attached.parent.mkdir()
+    text = base.read_text().replace("demo/", str(REPO / "recipes" / "demo") + "/")
+    train = text[text.index("    train:") : text.index("artifact:")]
+    attached.write_text(text.replace(train, "    attach: eagle3\n"))
+    out = CliRunner().invoke(main, ["plan", "--recipe", str(attached), "--json"]).output
+    loaded = {s["stage"]: s for s in json.loads(out)["stages"]}["eagle"]
+    assert loaded["notes"] == "attach" and loaded["seconds"] < eagle["seconds"] / 10
+
+
 def test_plan_json_is_consistent_and_scales_with_the_recipe(tmp_path):
     base = REPO / "recipes/demo-awq.yaml"
     result = CliRunner().invoke(main, ["plan", "--recipe", str(base), "--json"])

@@ -153,7 +153,12 @@ def test_ngram_is_recorded_and_changes_no_stage(tmp_path, checkpoints):
     result = build(recipe, tmp_path / "b", cache=cache)
     assert all(cached(result).values()) and set(cached(result)) == set(cached(plain))
     manifest = read_manifest(result.artifact)
-    assert manifest.speculative.model_dump() == {**ngram, "draft": None, "heads": None}
+    assert manifest.speculative.model_dump() == {
+        **ngram,
+        "draft": None,
+        "heads": None,
+        "eagle": None,
+    }
     assert not (result.artifact / "draft").exists()
 
 

@@ -1,0 +1,115 @@
+"""Stage: an EAGLE-3 draft (speculative.method: eagle), trained against the quantize stage's
+IR on the calibration windows or attached from a speculators checkpoint, exported to ONNX and
+checked.
+
+Writes ``model.onnx`` (+ ``.data``: the draft layer), ``fc.onnx`` (+ ``.data``: the target's
+aux states to the draft's hidden size), ``speculators/`` (the draft in the speculators format,
+loadable by vLLM and usable as `attach`) and ``eagle.json`` (origin, sizes, aux layers, the
+training report, the graphs' check).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ingot.calibration.dataset import CalibrationSet
+
+from ..heads.eagle_attach import AttachedEagle
+from ..heads.eagle_export import check_eagle, export_eagle
+from ..heads.eagle_train import target_features, train_eagle
+from ..model.eagle3 import Eagle3Draft, default_aux_layers, load_eagle3, save_eagle3
+from ..quantize.ir_layers import IRLayers
+from ..recipe import EagleHeads
+
+__all__ = ["EAGLE_RECORD", "SPECULATORS_DIR", "eagle_aux_layers", "run_eagle"]
+
+EAGLE_RECORD, SPECULATORS_DIR = "eagle.json", "speculators"
+_CHECK_TOKENS = 48  # positions the exported graphs are checked on
+
+
+def eagle_aux_layers(
+    spec: EagleHeads, num_layers: int, attached: AttachedEagle | None
+) -> tuple[int, int, int]:
+    """The target layers whose entering residual streams feed the draft: the attached
+    checkpoint's, the recipe's train.aux_layers, else vLLM's default."""
+    if attached is not None:
+        return attached.cfg.aux_layers
+    if spec.train is not None and spec.train.aux_layers is not None:
+        return tuple(spec.train.aux_layers)
+    return default_aux_layers(num_layers)
+
+
+def run_eagle(
+    spec: EagleHeads,
+    out: Path,
+    *,
+    ir_dir: Path,
+    max_seq_len: int,
+    kv_block_size: int,
+    num_speculative_tokens: int,
+    verifier: str,
+    attached: AttachedEagle | None = None,
+    calibration_dir: Path | None = None,
+    work_dir: Path | None = None,
+) -> None:
+    """Train (``spec.train``: on ``ir_dir``'s model over ``calibration_dir``'s windows,
+    checkpointing in ``work_dir``) or load (``attached``) the draft, then export and check."""
+    source = IRLayers(ir_dir)
+    cfg = source.cfg
+    training: dict[str, Any] | None = None
+    aux_layers = eagle_aux_layers(spec, cfg.num_layers, attached)
+    if spec.train is not None:
+        windows = torch.from_numpy(CalibrationSet.load(calibration_dir).tokens)  # [N, T]
+        features, final = target_features(source, windows, aux_layers)  # [N, T, 3H], [N, T, H]
+        draft, training = train_eagle(
+            features,
+            final,
+            windows,
+            source.lm_head(),
+            source.embedding(),
+            cfg,
+            aux_layers,
+            spec.train,
+            work_dir,
+        )
+        t = min(_CHECK_TOKENS, windows.shape[1] - 1)
+        check_features, check_ids = features[-1, :t], windows[-1, 1 : t + 1]  # held out
+        del features, final
+    else:
+        draft = load_eagle3(
+            attached.path, target_embedding=source.embedding(), target_num_layers=cfg.num_layers
+        )
+        gen = torch.Generator().manual_seed(0)
+        check_features = torch.randn(_CHECK_TOKENS, 3 * cfg.hidden_size, generator=gen)
+        check_ids = torch.randint(cfg.vocab_size, (_CHECK_TOKENS,), generator=gen)
+    draft.eval()
+    save_eagle3(draft, out / SPECULATORS_DIR, num_speculative_tokens, verifier)
+    export_eagle(draft, out, max_seq_len=max_seq_len, kv_block_size=kv_block_size)
+    check = check_eagle(draft, out, check_features, check_ids, kv_block_size)
+    record = {
+        "origin": "train" if spec.train is not None else "attach",
+        **_sizes(draft),
+        "aux_layers": list(aux_layers),
+        "kv_block_size": kv_block_size,
+        "training": training,
+        "check": check,
+    }
+    (out / EAGLE_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def _sizes(draft: Eagle3Draft) -> dict[str, int]:
+    cfg, layer = draft.cfg, draft.cfg.layer
+    return {
+        "hidden_size": cfg.hidden_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "num_heads": layer.num_heads,
+        "num_kv_heads": layer.num_kv_heads,
+        "head_dim": layer.head_dim,
+        "intermediate_size": layer.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+    }
