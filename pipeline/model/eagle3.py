@@ -25,6 +25,7 @@ some checkpoints. norm_before_fc, fc_norm and norm_output variants are not suppo
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ __all__ = [
     "Eagle3Config",
     "Eagle3Draft",
     "Eagle3Error",
+    "check_aux_layers",
     "default_aux_layers",
     "load_eagle3",
     "load_eagle3_config",
@@ -59,8 +61,33 @@ class Eagle3Error(ValueError):
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
-    """vLLM's (2, L // 2, L - 3), clamped into [0, L - 1] for targets of fewer than 5 layers."""
-    return min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0)
+    """vLLM's (2, L // 2, L - 3) where those are three distinct layers (L >= 7); for shallower
+    targets three spread-out ones ((0, 1, 2) at 3 layers). vLLM collects the aux states once
+    per layer in layer order, so they must be distinct and ascending: its own default for a
+    4-layer target, (2, 2, 1), gives two states where fc reads three."""
+    if num_layers < 3:
+        raise Eagle3Error(
+            f"an EAGLE-3 draft reads 3 distinct layers of the target, which has {num_layers}"
+        )
+    vllm = (2, num_layers // 2, num_layers - 3)
+    if vllm[0] < vllm[1] < vllm[2]:
+        return vllm
+    return (0, 1, 2) if num_layers == 3 else (1, num_layers // 2, num_layers - 1)
+
+
+def check_aux_layers(layers: Sequence[int], num_layers: int, where: str) -> None:
+    """Three distinct ascending layers of the target (`default_aux_layers` says why), else
+    Eagle3Error naming `where`."""
+    layers = list(layers)
+    if len(layers) != 3 or not all(0 <= i < num_layers for i in layers):
+        raise Eagle3Error(
+            f"{where} {layers}: must be 3 layers in [0, {num_layers - 1}] (the target's layers)"
+        )
+    if not layers[0] < layers[1] < layers[2]:
+        raise Eagle3Error(
+            f"{where} {layers}: must be distinct and ascending (vLLM concatenates the aux "
+            "states in layer order, once per layer)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,11 +455,7 @@ def _aux_layers(config: dict, file: Path, num_layers: int | None) -> tuple[int, 
     if not ints or len(raw) != 3:
         raise Eagle3Error(f"{file}: {key} must be 3 layer indices, got {raw!r}")
     if num_layers is not None:
-        outside = [i for i in raw if not 0 <= i < num_layers]
-        if outside:
-            raise Eagle3Error(
-                f"{file}: {key} {raw}: {outside} not in [0, {num_layers - 1}] (the target's layers)"
-            )
+        check_aux_layers(raw, num_layers, f"{file}: {key}")
     return tuple(raw)
 
 

@@ -21,9 +21,16 @@ from ingot.calibration.dataset import CalibrationSet
 from ..heads.eagle_attach import AttachedEagle
 from ..heads.eagle_export import check_eagle, export_eagle
 from ..heads.eagle_train import target_features, train_eagle
-from ..model.eagle3 import Eagle3Draft, default_aux_layers, load_eagle3, save_eagle3
+from ..model.eagle3 import (
+    Eagle3Draft,
+    Eagle3Error,
+    check_aux_layers,
+    default_aux_layers,
+    load_eagle3,
+    save_eagle3,
+)
 from ..quantize.ir_layers import IRLayers
-from ..recipe import EagleHeads
+from ..recipe import EagleHeads, RecipeError
 
 __all__ = ["EAGLE_RECORD", "SPECULATORS_DIR", "eagle_aux_layers", "run_eagle"]
 
@@ -35,12 +42,18 @@ def eagle_aux_layers(
     spec: EagleHeads, num_layers: int, attached: AttachedEagle | None
 ) -> tuple[int, int, int]:
     """The target layers whose entering residual streams feed the draft: the attached
-    checkpoint's, the recipe's train.aux_layers, else vLLM's default."""
+    checkpoint's (checked when it was resolved), the recipe's train.aux_layers, else the
+    default (`default_aux_layers`). RecipeError naming the field when they cannot serve."""
     if attached is not None:
         return attached.cfg.aux_layers
-    if spec.train is not None and spec.train.aux_layers is not None:
-        return tuple(spec.train.aux_layers)
-    return default_aux_layers(num_layers)
+    where = "speculative.heads.train.aux_layers"
+    try:
+        if spec.train is not None and spec.train.aux_layers is not None:
+            check_aux_layers(spec.train.aux_layers, num_layers, where)
+            return tuple(spec.train.aux_layers)
+        return default_aux_layers(num_layers)
+    except Eagle3Error as e:
+        raise RecipeError([f"{where}: {e}" if where not in str(e) else str(e)]) from None
 
 
 def run_eagle(

@@ -253,11 +253,12 @@ def _eagle_fields(root: Path, aux_output: bool = True, **eagle: Any) -> dict[str
         "intermediate_size": 16,
         "vocab_size": 32,
         "draft_vocab_size": 32,
-        "aux_layers": [0, 1, 1],
+        "aux_layers": [0, 1, 2],
         "kv_block_size": 4,
         **eagle,
     }
     base = fields({"method": "eagle", "num_speculative_tokens": 3, "eagle": spec})
+    base |= {"model": model(3), "graph": graph(3)}  # three distinct layers to read
     if aux_output:
         aux = {"name": "aux_hidden", "dtype": "float32", "shape": ["S", "Q", 24]}
         base["graph"] = {**base["graph"], "outputs": [*base["graph"]["outputs"], aux]}
@@ -268,7 +269,7 @@ def test_eagle_draft_round_trips(root):
     write_manifest(root, _eagle_fields(root))
     manifest = read_manifest(root)
     eagle = manifest.speculative.eagle
-    assert (eagle.method, eagle.aux_layers, eagle.fc_path) == ("eagle", [0, 1, 1], EAGLE_FC)
+    assert (eagle.method, eagle.aux_layers, eagle.fc_path) == ("eagle", [0, 1, 2], EAGLE_FC)
     refs = manifest.referenced_paths()
     assert (refs["speculative.eagle.path"], refs["speculative.eagle.fc_path"]) == (EAGLE, EAGLE_FC)
 
@@ -279,7 +280,7 @@ def test_eagle_draft_round_trips(root):
         ({"aux_output": False}, "speculative.eagle: graph.outputs has no aux_hidden"),
         (
             {"aux_layers": [0, 1, 9]},
-            "speculative.eagle.aux_layers [0, 1, 9]: [9] not below model.num_layers (2)",
+            "speculative.eagle.aux_layers [0, 1, 9]: [9] not below model.num_layers (3)",
         ),
         ({"vocab_size": 64}, "speculative.eagle.vocab_size (64) differs from model.vocab_size"),
         ({"target_hidden_size": 16}, "speculative.eagle.target_hidden_size (16) differs"),

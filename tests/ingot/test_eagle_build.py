@@ -64,7 +64,8 @@ def test_trained_draft_is_built_measured_and_shipped(trained):
     manifest = verify_artifact(result.artifact)
     spec, eagle = manifest.speculative, manifest.speculative.eagle
     assert (spec.method, spec.heads, spec.draft) == ("eagle", None, None)
-    assert (eagle.origin, eagle.aux_layers) == ("train", [2, 2, 1])  # 4 layers: clamped default
+    # 4 layers: vLLM's default (2, 2, 1) is not 3 distinct layers; spread out instead
+    assert (eagle.origin, eagle.aux_layers) == ("train", [1, 2, 3])
     assert (eagle.hidden_size, eagle.vocab_size) == (manifest.model.hidden_size, 4096)
     shipped = {f.path for f in manifest.files}
     assert {"draft/eagle/model.onnx", "draft/eagle/fc.onnx.data"} <= shipped
@@ -121,7 +122,8 @@ def test_attached_draft_is_the_trained_one(trained, tmp_path):
             "speculative.heads.attach: vocab_size 32000 differs from the target's 4096",
         ),
         ({"speculators_model_type": "eagle"}, "speculators_model_type 'eagle'"),
-        ({"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}, r"\[9\] not in \[0, 3\]"),
+        ({"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}, r"\[1, 2, 9\]: must be 3 layers in"),
+        ({"eagle_aux_hidden_state_layer_ids": [2, 2, 1]}, "must be distinct and ascending"),
     ],
 )
 def test_attached_draft_that_cannot_serve_is_refused_before_any_work(

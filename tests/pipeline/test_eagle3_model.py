@@ -41,7 +41,7 @@ def _config(**overrides) -> Eagle3Config:
         draft_vocab_size=V,
         target_hidden_size=H,
         norm_before_residual=True,
-        aux_layers=(2, 2, 1),
+        aux_layers=(1, 2, 3),
         has_embedding=False,
     )
     return replace(cfg, **overrides)
@@ -77,10 +77,14 @@ def _assert_same(a: Eagle3Draft, b: Eagle3Draft) -> None:
         assert torch.equal(tensor, theirs[name]), name
 
 
-def test_default_aux_layers_are_vllms_clamped_into_the_target():
+def test_default_aux_layers_are_vllms_where_distinct():
     assert default_aux_layers(32) == (2, 16, 29)
-    assert default_aux_layers(4) == (2, 2, 1)
-    assert default_aux_layers(1) == (0, 0, 0)
+    assert default_aux_layers(7) == (2, 3, 4)
+    # vLLM's own (1, 2, 3) / (2, 3, 3) would give it two states where fc reads three
+    assert default_aux_layers(4) == (1, 2, 3) and default_aux_layers(6) == (1, 3, 5)
+    assert default_aux_layers(3) == (0, 1, 2)
+    with pytest.raises(Eagle3Error, match="3 distinct layers of the target, which has 2"):
+        default_aux_layers(2)
 
 
 def test_round_trip_with_the_targets_embedding(tmp_path):
@@ -88,7 +92,7 @@ def test_round_trip_with_the_targets_embedding(tmp_path):
     save_eagle3(draft, tmp_path, num_speculative_tokens=3, verifier="tiny-llama")
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == V
-    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 2, 1]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     assert config["transformer_layer_config"]["num_hidden_layers"] == 1
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
     names = set(load_file(tmp_path / "model.safetensors"))
@@ -164,7 +168,8 @@ def _saved(tmp_path, config_overrides=None, drop=(), tensors=None) -> None:
         ({"transformer_layer_config": None}, {}, "transformer_layer_config missing"),
         ({"draft_vocab_size": 101}, {}, "draft_vocab_size 101 exceeds vocab_size 100"),
         ({"draft_vocab_size": 0}, {}, "draft_vocab_size must be a positive integer"),
-        ({"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}, {}, "\\[4\\] not in \\[0, 3\\]"),
+        ({"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}, {}, "must be 3 layers in \\[0, 3\\]"),
+        ({"eagle_aux_hidden_state_layer_ids": [0, 2, 2]}, {}, "must be distinct and ascending"),
         ({"eagle_aux_hidden_state_layer_ids": [1, 2]}, {}, "must be 3 layer indices"),
         ({"norm_before_fc": True}, {}, "norm_before_fc not supported"),
     ],
@@ -184,7 +189,7 @@ def test_config_defaults_are_vllms(tmp_path):
     assert cfg.draft_vocab_size == V and cfg.target_hidden_size == H and not cfg.has_embedding
     with pytest.raises(Eagle3Error, match="no eagle_aux_hidden_state_layer_ids"):
         load_eagle3(tmp_path, EMBEDDING)  # vLLM's default needs the target's depth
-    assert load_eagle3(tmp_path, EMBEDDING, target_num_layers=4).cfg.aux_layers == (2, 2, 1)
+    assert load_eagle3(tmp_path, EMBEDDING, target_num_layers=4).cfg.aux_layers == (1, 2, 3)
 
 
 @pytest.mark.parametrize(
@@ -279,8 +284,8 @@ def test_one_token_at_a_time_equals_the_whole_sequence():
 
 def test_for_target_starts_from_the_targets_head_and_embedding():
     lm_head = torch.randn(V, H)
-    draft = Eagle3Draft.for_target(TARGET, (2, 2, 1), lm_head, EMBEDDING, seed=3)
-    again = Eagle3Draft.for_target(TARGET, (2, 2, 1), lm_head, EMBEDDING, seed=3)
+    draft = Eagle3Draft.for_target(TARGET, (1, 2, 3), lm_head, EMBEDDING, seed=3)
+    again = Eagle3Draft.for_target(TARGET, (1, 2, 3), lm_head, EMBEDDING, seed=3)
     _assert_same(draft, again)  # seeded
     assert torch.equal(draft.lm_head.weight, lm_head) and draft.lm_head.weight is not lm_head
     assert torch.equal(draft.embed_tokens.weight, EMBEDDING)  # shared, frozen, not saved
