@@ -1,9 +1,10 @@
-"""Speculative decoding in ingot (n-gram, draft model, Medusa heads) against plain decoding,
-side by side with transformers' assisted generation on the same prompts.
+"""Speculative decoding in ingot (n-gram, draft model, Medusa heads, EAGLE-3) against plain
+decoding, side by side with transformers' assisted generation on the same prompts.
 
-Reproduce (alone on a quiet machine; on 2 cores about 7 minutes before the Medusa rows, which
-add about a third of ingot's part (not yet timed); more the first time, which builds the
-artifacts into the benchmark cache, the Medusa heads' training included; writes
+Reproduce (alone on a quiet machine; on 2 cores about 10 minutes before the EAGLE rows, which
+add about 2 more (estimated, not yet timed); more the first time, which builds the artifacts
+into the benchmark cache, the drafters' training included: about a minute for the Medusa
+heads, about 8 for the EAGLE draft (its 800 steps at about 0.5 s each); writes
 benchmarks/results/speculative.json and speculative.md):
 
     .venv/bin/python benchmarks/speculative.py --wait-idle 1800
@@ -18,13 +19,20 @@ The target is pydoc-16m with the decode benchmark's recipe (ort_artifacts.py: RT
 symmetric on every linear, lm_head included; ONNX Runtime CPU at level `extended`, int8
 activations in the matmuls), plus a `speculative:` section whose draft model is pydoc-tiny
 (the same tokenizer), quantized with the target's list. That artifact serves every row but
-Medusa's: the load's `speculative_config` picks the method (False: plain decoding). An artifact
-holds one drafter, so the Medusa rows load a second build of the same recipe with a
-`calibration:` section (`--calib-text`, 128 windows of 512 tokens) and `speculative.method:
-medusa` instead: 4 heads of one residual block, trained in the build (600 steps) by
-self-distillation against the quantized target, whose stages come from the stage cache. The
-`heads` stage's seconds and peak RSS and the manifest's training report (loss, held-out
-agreement by head) are reported; a failed build of either drafter fails only its rows.
+Medusa's and EAGLE's: the load's `speculative_config` picks the method (False: plain
+decoding). An artifact holds one drafter, so the Medusa rows and the EAGLE rows each load a
+build of their own (OWN_BUILD) of the same recipe with a `calibration:` section
+(`--calib-text`, 128 windows of 512 tokens) and, instead of the draft model, `speculative.method:
+medusa`: 4 heads of one residual block, trained in the build (600 steps), or `eagle`: one
+EAGLE-3 draft decoder layer reading three of the target's hidden states, trained in the build
+(800 steps of 8 spans of 128 tokens, 3 drafting steps unrolled), both by self-distillation
+against the quantized target, whose quantize stage comes from the stage cache (the EAGLE
+build's target graph also outputs those hidden states: its export and engine are its own).
+EAGLE drafts k = 3 tokens a step, not 4: each token is one more draft-layer call after the
+previous one, and 3 is what its training unrolls. The drafter stage's (`heads`, `eagle`)
+seconds and peak RSS and the manifest's training report (loss; held-out agreement by head,
+held-out acceptance by draft position) are reported; a failed build of a drafter fails only its
+rows.
 
 Prompts: windows of `--prompt-len` tokens (BOS + text) of the held-out pydoc-eval.txt.
 "code": the windows richest in Python code lines (doctest `>>>` / `...` lines, `def`,
@@ -38,17 +46,17 @@ processes took more than OTHERS_LIMIT_CORES (/proc/stat) is repeated (class Quie
 
 1. batch 1, both prompt sets, every method with the runtime's defaults (adaptive drafting:
    steps with and without drafts are timed, and a batch size drafts only where drafting
-   emitted more tokens per second) and n-gram k=4, the draft model and Medusa with adaptive
-   drafting off: the prompts one after another through one Generator; decode tok/s (tokens
+   emitted more tokens per second) and n-gram k=4, the draft model, Medusa and EAGLE with
+   adaptive drafting off: the prompts one after another through one Generator; decode tok/s (tokens
    after the first over the time after the first: the prefill is TTFT, as in decode.py), the
    speedup over plain, the share of steps that drafted, tokens per target step, ms per step, mean
    accepted length and acceptance by draft position (SpecDecodeStats), and how many prompts'
    tokens equal plain decoding's; for each that differs, plain decoding's top-2 log-probability
    gap where they part (a flipped near-tie, or not);
 2. one more batch-1 run of the code prompts with the engine calls timed: per decode step, the
-   target's call (by tokens per sequence), the drafter (the draft engine's or the Medusa
-   heads' calls apart) and the rest of the runtime, which says how much of the step is fixed
-   per-call cost;
+   target's call (by tokens per sequence), the drafter (its engines' calls apart: the draft
+   engine's, the Medusa heads', the EAGLE draft layer's and fc's) and the rest of the runtime,
+   which says how much of the step is fixed per-call cost;
 3. `--concurrency` code prompts submitted at once to one Generator: generated tokens over the
    wall time, speculation on (default thresholds: no drafting in a step with more than
    disable_by_batch_size = 8 decoding requests) against off, and "forced" (every step drafts,
@@ -58,8 +66,8 @@ processes took more than OTHERS_LIMIT_CORES (/proc/stat) is repeated (class Quie
    `assistant_model=pydoc-tiny` (transformers' defaults: up to 20 draft tokens, stopped early
    below 0.4 confidence; and 4 tokens, as ingot drafts), and `prompt_lookup_num_tokens=4`, on
    the first `--peer-prompts` prompts of each set, one run each after a warm-up; a streamer
-   timestamps the tokens, so tok/s is decode-only as for ingot (transformers has no Medusa
-   decoding: the Medusa rows have no counterpart there);
+   timestamps the tokens, so tok/s is decode-only as for ingot (transformers has no Medusa or
+   EAGLE decoding: the Medusa and EAGLE rows have no counterpart there);
 5. the host's 1-min load, every 10 s during each case and between cases (machine.LoadWatch):
    a run whose load exceeded the thread count + 1 is written with a REFUSED line at the top
    and exits 1.
@@ -81,7 +89,7 @@ import time
 import traceback
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # sibling helper modules; benchmarks/ is not a package
@@ -93,19 +101,25 @@ DEFAULT_THREADS = 2  # what the committed results ran with (a 2-core host)
 TARGET, DRAFT = "pydoc-16m", "pydoc-tiny"
 DRAFT_TOKENS = 4  # the draft model's num_speculative_tokens (the recipe's default)
 MEDUSA_TOKENS = 4  # Medusa's num_speculative_tokens: one token from each head
+# EAGLE's num_speculative_tokens, EAGLE-3's usual k (recipes/demo-eagle.yaml's too), and the
+# drafting steps its training unrolls (ttt_steps): every draft position is one the draft learned
+# to draft from its own output. Fewer than Medusa's 4: each EAGLE token is one more draft-layer
+# call after the previous one (Medusa's 4 come from one call), for a position accepted only
+# after every earlier one.
+EAGLE_TOKENS = 3
 # Methods: (name, speculative_config for LoadedModel.load). The draft model is built into the
-# target's artifact, the Medusa heads into one of their own; ngram needs nothing built.
+# target's artifact, the Medusa heads and the EAGLE draft into one of their own each; ngram
+# needs nothing built.
 METHODS: tuple[tuple[str, dict[str, Any] | bool], ...] = (
     ("plain", False),
     ("ngram k=2", {"method": "ngram", "num_speculative_tokens": 2}),
     ("ngram k=4", {"method": "ngram", "num_speculative_tokens": 4}),
     ("draft_model k=4", {"method": "draft_model", "num_speculative_tokens": DRAFT_TOKENS}),
     ("medusa k=4", {"method": "medusa", "num_speculative_tokens": MEDUSA_TOKENS}),
+    ("eagle k=3", {"method": "eagle", "num_speculative_tokens": EAGLE_TOKENS}),
 )
-# An artifact holds one drafter: these methods load their own build of the target (_build).
-OWN_BUILD = ("medusa",)
 NGRAM_LOOKUP = {"prompt_lookup_min": 1, "prompt_lookup_max": 4}
-# The Medusa build's added recipe sections: the heads learn on the calibration windows.
+# The trained drafters' builds add the calibration windows they learn on.
 CALIBRATION = {"samples": 128, "seq_len": 512}
 MEDUSA_TRAIN = {
     "num_heads": MEDUSA_TOKENS,
@@ -115,9 +129,33 @@ MEDUSA_TRAIN = {
     "batch_size": 64,
     "seed": 0,
 }
+EAGLE_TRAIN = {
+    "steps": 800,
+    "learning_rate": 0.001,
+    "batch_size": 8,
+    "span": 128,
+    "ttt_steps": EAGLE_TOKENS,
+    "seed": 0,
+}
+
+
+class OwnBuild(NamedTuple):
+    """A method whose drafter is trained in a build of its own."""
+
+    tokens: int  # num_speculative_tokens
+    train: dict[str, Any]  # speculative.heads.train
+    stage: str  # the build stage that trains it, also its field of the manifest's speculative
+    title: str  # what the report calls it
+
+
+# An artifact holds one drafter: these methods load their own build of the target (_build).
+OWN_BUILD = {
+    "medusa": OwnBuild(MEDUSA_TOKENS, MEDUSA_TRAIN, "heads", "Medusa heads"),
+    "eagle": OwnBuild(EAGLE_TOKENS, EAGLE_TRAIN, "eagle", "EAGLE-3 draft"),
+}
 # Batch 1 only: these methods with the runtime's adaptive drafting off (drafting every step
 # it can, however its steps time), which shows what speculation itself costs and gains.
-ADAPTIVE_OFF = ("ngram k=4", "draft_model k=4", "medusa k=4")
+ADAPTIVE_OFF = ("ngram k=4", "draft_model k=4", "medusa k=4", "eagle k=3")
 # The "forced" variants above the batch-size threshold: drafting at any batch size, adaptive
 # off, so every step of every request drafts.
 FORCED = {"disable_by_batch_size": 1024, "adaptive": False}
@@ -249,11 +287,11 @@ def _prompt_summary(prompts: dict[str, Any], args: argparse.Namespace) -> dict[s
 def _build(
     args: argparse.Namespace, tmp: Path, watch: LoadWatch
 ) -> tuple[dict[str, str | None], dict[str, Any]]:
-    """The artifacts, {"target": ..., "medusa": ...} (None: not built), and the builds' record.
-    "target": the target with the draft built in; without the draft if that build fails (then
-    the draft_model rows report the failure). "medusa": the same target with Medusa heads (an
-    artifact holds one drafter); its quantized target comes from the stage cache, and when it
-    fails only the Medusa rows do."""
+    """The artifacts, {"target": ..., "medusa": ..., "eagle": ...} (None: not built), and the
+    builds' record. "target": the target with the draft built in; without the draft if that
+    build fails (then the draft_model rows report the failure). Each OWN_BUILD method: the same
+    target with its drafter trained in the build (an artifact holds one drafter); its quantized
+    target comes from the stage cache, and when it fails only that method's rows do."""
     from bench_models import prepare_model
     from ort_artifacts import build_spec
 
@@ -266,7 +304,7 @@ def _build(
     }
     spec, recipe = _variant(plain_spec, f"draft-{DRAFT}", {"speculative": draft})
     builds: dict[str, Any] = {"recipe": recipe}
-    artifacts: dict[str, str | None] = {"target": None, "medusa": None}
+    artifacts: dict[str, str | None] = {"target": None, **dict.fromkeys(OWN_BUILD)}
     for name, build in (("with_draft", spec), ("without_draft", plain_spec)):
         builds[name] = _build_one(name.replace("_", " "), build, tmp, watch)
         if builds[name].get("ok"):
@@ -275,11 +313,13 @@ def _build(
             break
     if artifacts["target"] is None:  # nothing to run: no second build of a failing target
         return artifacts, builds
-    spec, builds["medusa_recipe"] = _variant(plain_spec, "medusa", _medusa_sections(args))
-    built = builds["medusa"] = _build_one("with Medusa heads", spec, tmp, watch)
-    if built.get("ok"):
-        artifacts["medusa"] = built["artifact"]
-        built["heads"] = _heads_record(built)
+    for method, own in OWN_BUILD.items():
+        sections = _own_build_sections(args, method)
+        spec, builds[f"{method}_recipe"] = _variant(plain_spec, method, sections)
+        built = builds[method] = _build_one(f"with the {own.title}", spec, tmp, watch)
+        if built.get("ok"):
+            artifacts[method] = built["artifact"]
+            built["drafter"] = _drafter_record(method, built)
     return artifacts, builds
 
 
@@ -296,13 +336,16 @@ def _variant(
     return spec | {"recipe": str(path), "out": f"{spec['out']}-{suffix}"}, recipe
 
 
-def _medusa_sections(args: argparse.Namespace) -> dict[str, Any]:
+def _own_build_sections(args: argparse.Namespace, method: str) -> dict[str, Any]:
+    """The recipe sections an OWN_BUILD method's build adds: its drafter, trained in the build
+    on the calibration windows (every such method on the same ones)."""
+    own = OWN_BUILD[method]
     return {
         "calibration": {"dataset": str(args.calib_text), **CALIBRATION},
         "speculative": {
-            "method": "medusa",
-            "num_speculative_tokens": MEDUSA_TOKENS,
-            "heads": {"train": MEDUSA_TRAIN},
+            "method": method,
+            "num_speculative_tokens": own.tokens,
+            "heads": {"train": own.train},
         },
     }
 
@@ -315,17 +358,19 @@ def _build_one(name: str, spec: dict[str, Any], tmp: Path, watch: LoadWatch) -> 
     return built
 
 
-def _heads_record(built: dict[str, Any]) -> dict[str, Any]:
-    """The Medusa build's `heads` stage (a cache hit took no training: its seconds and peak are
-    the hit's) and the manifest's heads, whose training report the artifact keeps; an
-    unreadable manifest is recorded, and the Medusa rows' loads then say what is wrong."""
+def _drafter_record(method: str, built: dict[str, Any]) -> dict[str, Any]:
+    """An OWN_BUILD method's build: the stage that trained its drafter (a cache hit took no
+    training: its seconds and peak are the hit's) and the manifest's record of the drafter
+    (speculative.heads, speculative.eagle; its graphs' check left out), whose training report
+    the artifact keeps; an unreadable manifest is recorded, and the method's rows' loads then
+    say what is wrong."""
     from ingot.artifacts import read_manifest
 
-    stage = next((s for s in built.get("stages", []) if s["stage"] == "heads"), None)
+    name = OWN_BUILD[method].stage
+    stage = next((s for s in built.get("stages", []) if s["stage"] == name), None)
     try:
-        heads = read_manifest(Path(built["artifact"])).speculative.heads
-        info = heads.model_dump(mode="json", include={"num_heads", "num_layers", "origin"})
-        return {"stage": stage, **info, "training": heads.training}
+        info = getattr(read_manifest(Path(built["artifact"])).speculative, name)
+        return {"stage": stage, **info.model_dump(mode="json", exclude={"check"})}
     except Exception as e:  # the other rows go on
         return {"stage": stage, "error": f"{type(e).__name__}: {e}"}
 
@@ -656,9 +701,9 @@ def _explain_differences(plain: Any, spec: dict[str, Any], batch1: dict[str, Any
 def _breakdown(gen: Any, prompts: list[list[int]], params: Any) -> dict[str, Any]:
     """One run of the prompts with the target's and the drafter's calls timed: per decode
     step (each prompt's prefill step left out), ms in the target engine's call, in the
-    drafter (its engine's calls apart: a draft model's session, Medusa's heads graph) and in
-    the rest of the runtime (scheduling, inputs, sampling, K/V writes, acceptance); the target
-    call's ms by tokens per sequence."""
+    drafter (its engines' calls apart: a draft model's session, Medusa's heads graph, the
+    EAGLE draft layer's and fc's sessions) and in the rest of the runtime (scheduling, inputs,
+    sampling, K/V writes, acceptance); the target call's ms by tokens per sequence."""
     from collections import defaultdict
 
     step: dict[str, float] = defaultdict(float)  # this step's time per timed call
@@ -693,14 +738,21 @@ def _breakdown(gen: Any, prompts: list[list[int]], params: Any) -> dict[str, Any
 
     session, spec = gen.session, gen.speculation
     drafter = spec.drafter if spec is not None else None
-    # The drafter's own engine: a draft model's session, or the graph of Medusa's heads.
-    engine_attr = next((a for a in ("session", "heads") if hasattr(drafter, a)), None)
-    draft_session = getattr(drafter, engine_attr) if engine_attr else None
+    # The drafter's own engines, as (holder, attribute): a draft model's session, the graph of
+    # Medusa's heads, or the EAGLE draft's layer and fc sessions (held by its `draft`).
+    holders = [drafter, getattr(drafter, "draft", None)] if drafter is not None else []
+    engines = [
+        (holder, attr, getattr(holder, attr))
+        for holder in holders
+        for attr in ("session", "heads", "layer", "fc")
+        if holder is not None and hasattr(holder, attr)
+    ]
     gen.session = Timed(session, "target", ("run",))
-    if drafter is not None:
-        spec.drafter = Timed(drafter, "drafter", ("propose", "observe", "accepted"))
-    if draft_session is not None:
-        setattr(drafter, engine_attr, Timed(draft_session, "draft_engine", ("run",)))
+    if drafter is not None:  # `record`: the EAGLE drafter keeps the target's features rows
+        methods = ("propose", "observe", "accepted", "record")
+        spec.drafter = Timed(drafter, "drafter", methods)
+    for holder, attr, engine in engines:
+        setattr(holder, attr, Timed(engine, "draft_engine", ("run",)))
     steps, wall = 0, 0.0
     try:
         for prompt in prompts:
@@ -725,8 +777,8 @@ def _breakdown(gen: Any, prompts: list[list[int]], params: Any) -> dict[str, Any
         gen.session = session
         if drafter is not None:
             spec.drafter = drafter
-        if draft_session is not None:
-            setattr(drafter, engine_attr, draft_session)
+        for holder, attr, engine in engines:
+            setattr(holder, attr, engine)
     ms = {k: 1000 * v / steps for k, v in total.items()}
     step_ms = 1000 * wall / steps
     return {
@@ -1011,7 +1063,7 @@ def _report(
             "methods": ingot_methods(),
             "forced": FORCED,
             "ngram_lookup": NGRAM_LOOKUP,
-            "medusa": {"train": MEDUSA_TRAIN, "calibration": CALIBRATION},
+            **{m: {"train": own.train, "calibration": CALIBRATION} for m, own in OWN_BUILD.items()},
             "kv_cache_bytes": KV_CACHE_BYTES,
             "eval_text": str(args.eval_text),
             "calib_text": str(args.calib_text),
@@ -1032,8 +1084,8 @@ def write_reports(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
 
 
 # The issue's targets at batch 1 on code prompts, and under load.
-SPEEDUP_TARGETS = {"ngram k=4": 1.3, "draft_model k=4": 1.5, "medusa k=4": 1.6}
-# transformers' counterpart of a method; it has no Medusa decoding, so medusa has none.
+SPEEDUP_TARGETS = {"ngram k=4": 1.3, "draft_model k=4": 1.5, "medusa k=4": 1.6, "eagle k=3": 2.0}
+# transformers' counterpart of a method; it has no Medusa or EAGLE decoding, so those have none.
 PEER_OF = {"ngram k=4": "prompt_lookup_num_tokens=4", "draft_model k=4": "assistant_model k=4"}
 MAX_SLOWDOWN_AT_32 = 0.05
 
@@ -1083,8 +1135,8 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("refused"):
         lines += [f"**REFUSED: {report['refused']}**", ""]
     lines += [
-        "# Speculative decoding: ingot (n-gram, draft model, Medusa) and transformers' assisted "
-        "generation",
+        "# Speculative decoding: ingot (n-gram, draft model, Medusa, EAGLE-3) and transformers' "
+        "assisted generation",
         "",
         f"{machine['date']} on {machine['cpu_model']}, {machine['usable_cores']} cores, "
         f"{machine['ram_bytes'] / (1 << 30):.1f} GiB RAM; {versions}; ingot at "
@@ -1092,9 +1144,13 @@ def markdown(report: dict[str, Any]) -> str:
         + (" with uncommitted changes" if machine["code"]["dirty"] else "")
         + ".",
         f"Target {settings['target']} ({settings['weights']}; {settings['engine']}), draft "
-        f"{settings['draft']} built into the same artifact; the Medusa rows load a second "
-        "artifact of the same target with Medusa heads trained in its build (an artifact "
-        f"holds one drafter). Prompts: {settings['prompt_tokens']}"
+        f"{settings['draft']} built into the same artifact; the Medusa rows and the EAGLE rows "
+        "each load another artifact of the same target with their drafter trained in its "
+        "build (an artifact holds one drafter). EAGLE drafts k = 3 tokens a step where the "
+        "draft model and Medusa draft 4: each of its tokens is one more draft-layer call after "
+        "the previous one, and its training unrolls "
+        f"{settings['eagle']['train']['ttt_steps']} drafting steps. Prompts: "
+        f"{settings['prompt_tokens']}"
         f' tokens of the held-out pydoc-eval.txt ("code": the windows richest in Python code '
         'lines; "text": windows with none), '
         f"{settings['new_tokens']} new tokens each, greedy, EOS ignored, "
@@ -1139,7 +1195,8 @@ def markdown(report: dict[str, Any]) -> str:
     for name, error in (ingot.get("errors") or {}).items():
         lines.append(f"| {name} | – | failed: {error} | | | | | | | |")
     lines += _breakdown_section(ingot)
-    lines += _heads_section(results.get("build") or {}, settings)
+    for method in OWN_BUILD:
+        lines += _drafter_section(method, results.get("build") or {}, settings)
     lines += ["", "## Concurrent requests (all submitted at once to one Generator)", ""]
     conc = dict(sorted((ingot.get("concurrent") or {}).items(), key=lambda kv: int(kv[0])))
     lines += [
@@ -1184,7 +1241,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"{defaults['assistant_confidence_threshold']} confidence; prompt lookup matches up "
             f"to {defaults['max_matching_ngram_size']}-grams. The ingot columns: the same "
             "prompts' speedup of the ingot method with the same kind of drafter. transformers "
-            "has no Medusa decoding: the medusa rows have no counterpart here.",
+            "has no Medusa or EAGLE decoding: the medusa and eagle rows have no counterpart "
+            "here.",
             "",
             "| transformers | prompts | tok/s | speedup | = plain | ingot method | ingot speedup |",
             "|---|---|---:|---:|---:|---|---:|",
@@ -1225,9 +1283,10 @@ def _breakdown_section(ingot: dict[str, Any]) -> list[str]:
         "One more run of the code prompts with the engine calls timed (ms per decode step). "
         "target call: the target engine's session call (by tokens per sequence: 1 = plain "
         "decoding, k + 1 = verification); drafter: proposing drafts, its engine's calls "
-        "included (in brackets: ms in the draft engine, or in the Medusa heads' graph, and its "
-        "calls per step); rest: the runtime around them (scheduling, inputs, sampling, K/V "
-        "writes, acceptance).",
+        "included (in brackets: ms in the draft engine, the Medusa heads' graph, or the EAGLE "
+        "draft layer and its fc, and their calls per step: EAGLE calls fc once and the layer "
+        "k times per drafting step); rest: the runtime around them "
+        "(scheduling, inputs, sampling, K/V writes, acceptance).",
         "",
         "| method | ms / step | target call | target call by tokens / sequence | drafter "
         "(draft engine, calls) | rest of the runtime | tokens / step |",
@@ -1253,49 +1312,104 @@ def _breakdown_section(ingot: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _heads_section(build: dict[str, Any], settings: dict[str, Any]) -> list[str]:
-    """The Medusa build: what its heads stage cost, and the training report of its manifest."""
-    built = build.get("medusa")
+def _drafter_section(method: str, build: dict[str, Any], settings: dict[str, Any]) -> list[str]:
+    """An OWN_BUILD method's build: what its drafter's stage cost, and the training report of
+    its manifest."""
+    built = build.get(method)
     if built is None:  # not attempted: the target's own build failed
         return []
-    lines = ["", "## Medusa heads (trained in the build)", ""]
-    heads = built.get("heads") or {}
-    if not built.get("ok") or "error" in heads:
-        error = built.get("error") or heads.get("error")
-        return [*lines, f"The Medusa build failed: {error}. The medusa rows report it."]
-    train, cal = settings["medusa"]["train"], settings["medusa"]["calibration"]
-    t, stage = heads.get("training") or {}, heads.get("stage") or {}
+    own = OWN_BUILD[method]
+    lines = ["", f"## {own.title} (trained in the build)", ""]
+    drafter = built.get("drafter") or {}
+    if not built.get("ok") or "error" in drafter:
+        error = built.get("error") or drafter.get("error")
+        return [*lines, f"The {own.title} build failed: {error}. The {method} rows report it."]
+    train, cal = settings[method]["train"], settings[method]["calibration"]
+    t, stage = drafter.get("training") or {}, drafter.get("stage") or {}
     windows = t.get("windows") or {}
     peak = "–" if stage.get("cached") else _gib(stage.get("peak_rss_bytes"))
-    agreement = " / ".join(f"{a:.2f}" for a in t.get("held_out_agreement") or [])
+    text = _DRAFTER_TEXT[method](drafter, train)
     lines += [
-        f"{heads['num_heads']} heads of {heads['num_layers']} residual block(s) "
+        f"{text.what}, on {windows.get('train')} of {cal['samples']} windows of "
+        f"{cal['seq_len']} tokens of {Path(settings['calib_text']).name}, the other "
+        f"{windows.get('held_out')} held out. This build's stages: "
+        f"{_stage_runs(built.get('stages') or [])}.",
+        "",
+        f"{own.stage} stage: its wall time ({text.stage_work}) and the build process's peak RSS "
+        f"during it; a stage-cache hit ({own.title} trained by an earlier run) shows `cached` "
+        f"and no peak. training: {text.timed}, from the manifest's training report (so also "
+        f"after a hit). {text.legend}",
+        "",
+        f"| {own.stage} stage | peak RSS | training | steps | loss first → last | {text.column} |",
+        "|---:|---:|---:|---:|---|---|",
+        f"| {_stage_time(stage)} | {peak} | {_seconds(t.get('seconds'))} | {t.get('steps', '–')} "
+        f"| {_fmt(t.get('loss_first'))} → {_fmt(t.get('loss_last'))} "
+        f"| {' / '.join(f'{a:.2f}' for a in t.get(text.key) or []) or '–'} |",
+    ]
+    return lines
+
+
+class DrafterText(NamedTuple):
+    """An OWN_BUILD drafter's own words in its section of the report."""
+
+    what: str  # what the drafter is and how it learns
+    stage_work: str  # what its stage's wall time covers
+    timed: str  # what the training report's seconds cover
+    legend: str  # the loss and the held-out figure
+    column: str  # the held-out figure's header
+    key: str  # and its field of the training report
+
+
+def _medusa_text(heads: dict[str, Any], train: dict[str, Any]) -> DrafterText:
+    return DrafterText(
+        what=f"{heads['num_heads']} heads of {heads['num_layers']} residual block(s) "
         f"({heads['origin']}), trained by the build's `heads` stage by self-distillation: from "
         "the quantized target's final hidden state at a position, head i learns the target's "
         "own next-token distribution i positions after the target's next token there (draft "
-        f"token i); {train['steps']} AdamW steps of "
-        f"{train['batch_size']} positions at learning rate {train['learning_rate']}, on "
-        f"{windows.get('train')} of {cal['samples']} windows of {cal['seq_len']} tokens of "
-        f"{Path(settings['calib_text']).name}, the other {windows.get('held_out')} held out. "
-        f"This build's stages: {_stage_runs(built.get('stages') or [])}.",
-        "",
-        "heads stage: its wall time (the target's hidden states, the training, the graph's "
-        "export) and the build process's peak RSS during it; a stage-cache hit (heads trained "
-        "by an earlier run) shows `cached` and no peak. training: the optimizer steps alone, "
-        "from the manifest's training report (so also after a hit). loss: KL(target || head) "
-        "averaged over the heads, mean of the first and of the last 10 steps. held-out "
-        "agreement: per head, the share of held-out positions where its token is the target's "
-        "greedy token, the tokens before it being the calibration text's; the batch-1 table's "
-        "acceptance by position follows the target's own tokens and needs every earlier draft "
-        "accepted too.",
-        "",
-        "| heads stage | peak RSS | training | steps | loss first → last | held-out agreement "
-        "by head |",
-        "|---:|---:|---:|---:|---|---|",
-        f"| {_stage_time(stage)} | {peak} | {_seconds(t.get('seconds'))} | {t.get('steps', '–')} "
-        f"| {_fmt(t.get('loss_first'))} → {_fmt(t.get('loss_last'))} | {agreement or '–'} |",
-    ]
-    return lines
+        f"token i); {train['steps']} AdamW steps of {train['batch_size']} positions at "
+        f"learning rate {train['learning_rate']}",
+        stage_work="the target's hidden states, the training, the graph's export",
+        timed="the optimizer steps alone",
+        legend="loss: KL(target || head) averaged over the heads, mean of the first and of the "
+        "last 10 steps. held-out agreement: per head, the share of held-out positions where "
+        "its token is the target's greedy token, the tokens before it being the calibration "
+        "text's; the batch-1 table's acceptance by position follows the target's own tokens "
+        "and needs every earlier draft accepted too.",
+        column="held-out agreement by head",
+        key="held_out_agreement",
+    )
+
+
+def _eagle_text(eagle: dict[str, Any], train: dict[str, Any]) -> DrafterText:
+    ttt = train["ttt_steps"]
+    mal = (eagle.get("training") or {}).get("mean_accepted_length")
+    return DrafterText(
+        what=f"One draft decoder layer ({eagle['origin']}; the target's attention and MLP "
+        f"shapes, hidden size {eagle['hidden_size']}), trained by the build's `eagle` stage by "
+        "self-distillation: from the quantized target's residual streams entering layers "
+        f"{', '.join(map(str, eagle['aux_layers']))} (concatenated, through fc) and the next "
+        "token's embedding it learns the target's own distribution of the token after that, "
+        f"and again from its own output for {ttt - 1} more positions (EAGLE-3's training-time "
+        f"test: {ttt} drafting steps unrolled); {train['steps']} AdamW steps of "
+        f"{train['batch_size']} spans of {train['span']} tokens at learning rate "
+        f"{train['learning_rate']}",
+        stage_work="the target's features, the training, the two graphs' export and check; "
+        "the build's target graph outputs those features too, so its export and engine stages "
+        "are not the other builds'",
+        timed="the optimizer steps and the held-out acceptance's evaluation",
+        legend="loss: KL(target || draft) summed over the drafting steps, step j's weighted "
+        "0.8^j, mean of the first and of the last 10 steps. held-out acceptance: per draft "
+        "position i, the share of chains on the held-out windows whose drafts 1 .. i all equal "
+        "the target's greedy tokens, drafted as the runtime drafts (the first from the "
+        "target's features, each next from the draft's own output); the tokens a chain "
+        "continues from are the calibration text's, where the batch-1 table's are the "
+        f"target's own. Mean accepted length by these: {_fmt(mal)}.",
+        column="held-out acceptance by position",
+        key="held_out_acceptance",
+    )
+
+
+_DRAFTER_TEXT = {"medusa": _medusa_text, "eagle": _eagle_text}
 
 
 def _stage_runs(stages: list[dict[str, Any]]) -> str:
@@ -1359,7 +1473,8 @@ def _notes(report: dict[str, Any]) -> list[str]:
             "per call (the runtime around ONNX Runtime and the session call itself: "
             "benchmarks/results/decode.md), not weight reads. A step that verifies k + 1 "
             "tokens pays that fixed part once, so the gain is bounded by tokens per step; a "
-            "draft model adds its own k calls per step, each with the same kind of fixed cost."
+            "draft model and an EAGLE draft add their own k calls per step, each with the same "
+            "kind of fixed cost."
         )
     gaps, second, total = [], 0, 0
     for rows in (ingot.get("batch1") or {}).values():
@@ -1550,7 +1665,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         default=data_dir() / "pydoc-calib.txt",
         metavar="FILE",
-        help="text the Medusa heads are trained on (the calibration windows; default: %(default)s)",
+        help="text the Medusa heads and the EAGLE draft are trained on (the calibration "
+        "windows; default: %(default)s)",
     )
     parser.add_argument("--out-dir", type=Path, default=None, metavar="DIR")
     parser.add_argument(
