@@ -12,7 +12,8 @@ __all__ = ["SPECULATIVE_HELP", "SpeculativeConfigParam"]
 SPECULATIVE_HELP = (
     'Speculative decoding as vLLM takes it, e.g. \'{"method": "ngram", '
     '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (method draft_model needs an '
-    "artifact built with a draft, medusa one built with heads); keys given override the "
+    "artifact built with a draft, medusa one built with heads, eagle one built with an EAGLE-3 "
+    "draft); keys given override the "
     "artifact's recipe; `off` disables it. Default: the artifact's recipe (none unless it has "
     "a speculative section)."
 )

@@ -76,9 +76,9 @@ class LLM:
         """`kv_cache_memory`: bytes of KV cache (keys and values of every layer); None sizes it
         from available memory (half of it, at most `max_num_seqs` sequences of max_seq_len).
         `speculative_config`: vLLM's dict ({"method": "ngram", "num_speculative_tokens": 4,
-        "prompt_lookup_max": 4}, or method "draft_model" / "medusa" on an artifact built with a
-        draft model / heads); None keeps the artifact's own setting, False turns speculation
-        off."""
+        "prompt_lookup_max": 4}, or method "draft_model" / "medusa" / "eagle" on an artifact
+        built with a draft model / heads / an EAGLE-3 draft); None keeps the artifact's own
+        setting, False turns speculation off."""
         try:
             self.model = LoadedModel.load(
                 resolve_model(model),
