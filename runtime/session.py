@@ -18,7 +18,13 @@ import onnxruntime as ort
 from ingot.runtime.batch import Batch
 from ingot.runtime.kv_pool import KVPool
 
-__all__ = ["EagleLayerSession", "EngineSession", "SessionError", "draft_session_options"]
+__all__ = [
+    "EagleLayerSession",
+    "EngineSession",
+    "SessionError",
+    "draft_session_options",
+    "STEP_INPUTS",
+]
 
 _OPT_LEVELS = {
     "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -26,7 +32,8 @@ _OPT_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-_STEP_INPUTS = (
+# The graph inputs built per call (runtime/batch.py's Batch fields); the pools are bound once.
+STEP_INPUTS = (
     "input_ids",
     "positions",
     "block_tables",
@@ -99,7 +106,7 @@ class _PagedSession:
         # Engines exported before `logits_indices` existed return logits
         # for every position; EngineSession.run then picks the rows itself.
         graph_inputs = {i.name for i in self._session.get_inputs()}
-        self._inputs = [n for n in _STEP_INPUTS if n in graph_inputs]
+        self._inputs = [n for n in STEP_INPUTS if n in graph_inputs]
         self._binding = self._session.io_binding()
         self._pool_values = []  # keeps the OrtValues (and so the aliases) alive
         for layer in range(pool.num_layers):
@@ -169,7 +176,7 @@ class EngineSession(_PagedSession):
             pool,
             options,
             what="engine graph",
-            required_inputs=[n for n in _STEP_INPUTS if n != "logits_indices"],
+            required_inputs=[n for n in STEP_INPUTS if n != "logits_indices"],
             outputs=outputs,
         )
 
@@ -232,7 +239,7 @@ class EagleLayerSession(_PagedSession):
             pool,
             draft_session_options(),
             what="EAGLE draft layer graph",
-            required_inputs=[*_STEP_INPUTS, "hidden"],
+            required_inputs=[*STEP_INPUTS, "hidden"],
             outputs=["draft_tokens", "draft_hidden"],
         )
 

@@ -138,6 +138,7 @@ def check_eagle(
 
     from ingot.runtime.batch import build_inputs
     from ingot.runtime.kv_pool import KVPool
+    from ingot.runtime.session import STEP_INPUTS
 
     cfg = draft.cfg
     t = int(ids.shape[0])
@@ -163,7 +164,7 @@ def check_eagle(
     for start, end in ((0, split), (split, t)):
         batch = build_inputs([(table, ids[start:end].tolist(), start)])
         batch.logits_indices = np.arange(end - start, dtype=np.int64)  # every row
-        feed = {name: getattr(batch, name) for name in _BATCH_INPUTS}
+        feed = {name: getattr(batch, name) for name in STEP_INPUTS}
         feed["hidden"] = got_hidden[None, start:end]
         feed["k_pool_0"], feed["v_pool_0"] = pool.k[0], pool.v[0]
         drafted, rows, new_k, new_v = layer.run(
@@ -189,16 +190,6 @@ def check_eagle(
     if report["mismatches"] or worst > 1e-4:
         raise ValueError(f"the exported EAGLE-3 draft disagrees with the torch draft: {report}")
     return report
-
-
-_BATCH_INPUTS = (
-    "input_ids",
-    "positions",
-    "block_tables",
-    "context_lens",
-    "attention_mask",
-    "logits_indices",
-)
 
 
 def _torch_reference(

@@ -36,6 +36,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import ConfigError, ModelConfig
+from .head_checkpoint import check_tensors, read_tensors
 from .layers import MLP, Attention, RMSNorm
 
 __all__ = [
@@ -301,28 +302,12 @@ def load_eagle3(
     if target_embedding is not None:  # [V, Ht]
         sizes = {"vocab_size": target_embedding.shape[0], "hidden_size": target_embedding.shape[1]}
     cfg = _config(raw, file, target_num_layers, **sizes)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise Eagle3Error(f"{path}: no *.safetensors weights beside {CONFIG_FILE}")
-    tensors: dict[str, torch.Tensor] = {}
-    for weights in files:
-        with safe_open(str(weights), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                tensors[name.replace("midlayer.", "layers.0.", 1)] = f.get_tensor(name)
+    tensors = read_tensors(path, lambda n: n.replace("midlayer.", "layers.0.", 1), Eagle3Error)
     if "d2t" not in tensors and cfg.draft_vocab_size == cfg.vocab_size:
         tensors["d2t"] = torch.zeros(cfg.vocab_size, dtype=torch.int64)
     draft = Eagle3Draft(cfg)
     expected = draft.state_dict()
-    missing = [n for n in expected if n not in tensors]
-    if missing:
-        raise Eagle3Error(f"{path}: missing tensors {missing[:4]} (the speculators layout)")
-    wrong = [
-        f"{n} {list(tensors[n].shape)} (expected {list(t.shape)})"
-        for n, t in expected.items()
-        if tensors[n].shape != t.shape
-    ]
-    if wrong:
-        raise Eagle3Error(f"{path}: tensors of the wrong shape: {'; '.join(wrong[:4])}")
+    check_tensors(path, tensors, expected, "the speculators layout", Eagle3Error)
     d2t = tensors["d2t"].long()
     mapped = torch.arange(cfg.draft_vocab_size) + d2t
     if len(mapped) and (int(mapped.min()) < 0 or int(mapped.max()) >= cfg.vocab_size):

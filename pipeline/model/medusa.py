@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
+
+from .head_checkpoint import check_tensors, read_tensors
 
 __all__ = [
     "MedusaConfig",
@@ -124,14 +125,12 @@ def load_medusa(path: Path) -> MedusaHeadsModel:
     Raises `MedusaError` naming the file and what is wrong."""
     raw = _read_config(path)
     cfg = _config(raw, path / CONFIG_FILE)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise MedusaError(f"{path}: no *.safetensors weights beside config.json")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                tensors[name.removeprefix("medusa_heads.")] = f.get_tensor(name).float()
+    tensors = {
+        name: t.float()
+        for name, t in read_tensors(
+            path, lambda name: name.removeprefix("medusa_heads."), MedusaError
+        ).items()
+    }
     if "token_map" in tensors:
         raise MedusaError(f"{path}: a truncated vocabulary (token_map) is not supported")
     if raw.get("original_lm_head", False):  # one lm_head, shared by every head
@@ -139,16 +138,7 @@ def load_medusa(path: Path) -> MedusaHeadsModel:
             tensors.setdefault(f"lm_heads.{h}.weight", tensors.get("lm_heads.0.weight"))
     heads = MedusaHeadsModel(cfg)
     expected = heads.state_dict()
-    missing = [n for n in expected if tensors.get(n) is None]
-    if missing:
-        raise MedusaError(f"{path}: missing tensors {missing[:4]} (vLLM's Medusa layout)")
-    wrong = [
-        f"{n} {list(tensors[n].shape)} (expected {list(t.shape)})"
-        for n, t in expected.items()
-        if tensors[n].shape != t.shape
-    ]
-    if wrong:
-        raise MedusaError(f"{path}: tensors of the wrong shape: {'; '.join(wrong[:4])}")
+    check_tensors(path, tensors, expected, "vLLM's Medusa layout", MedusaError)
     heads.load_state_dict({n: tensors[n] for n in expected})
     return heads.eval()
 
