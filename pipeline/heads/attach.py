@@ -17,7 +17,7 @@ from ..model.medusa import (
 )
 from ..recipe import Recipe, RecipeError
 
-__all__ = ["AttachedHeads", "load_attached", "resolve_heads"]
+__all__ = ["AttachedHeads", "attach_dir", "load_attached", "resolve_heads"]
 
 _WHERE = "speculative.heads.attach"
 
@@ -36,11 +36,7 @@ def resolve_heads(recipe: Recipe, recipe_path: Path, target: ModelConfig) -> Att
     if spec is None or spec.method != "medusa" or spec.heads.attach is None:
         return None
     heads = spec.heads
-    path = Path(heads.attach).expanduser()
-    if not path.is_absolute():
-        path = Path(recipe_path).absolute().parent / path
-    if not (path / CONFIG_FILE).is_file():
-        raise RecipeError([f"{_WHERE}: {path} has no {CONFIG_FILE} (a Medusa checkpoint dir)"])
+    path = attach_dir(heads.attach, recipe_path, "a Medusa checkpoint dir")
     try:
         cfg = load_medusa_config(path)
     except MedusaError as e:
@@ -62,6 +58,17 @@ def resolve_heads(recipe: Recipe, recipe_path: Path, target: ModelConfig) -> Att
     if problems:
         raise RecipeError(problems)
     return AttachedHeads(path, directory_digest(path)[0])
+
+
+def attach_dir(attach: str, recipe_path: Path, what: str) -> Path:
+    """`speculative.heads.attach` resolved against the recipe file's directory; RecipeError
+    unless it holds a config.json (``what`` says which checkpoint was expected)."""
+    path = Path(attach).expanduser()
+    if not path.is_absolute():
+        path = Path(recipe_path).absolute().parent / path
+    if not (path / CONFIG_FILE).is_file():
+        raise RecipeError([f"{_WHERE}: {path} has no {CONFIG_FILE} ({what})"])
+    return path
 
 
 def load_attached(heads: AttachedHeads) -> MedusaHeadsModel:

@@ -12,6 +12,7 @@ from ..cache import directory_digest
 from ..model.config import ModelConfig
 from ..model.eagle3 import CONFIG_FILE, Eagle3Config, Eagle3Error, load_eagle3_config
 from ..recipe import Recipe, RecipeError
+from .attach import attach_dir
 
 __all__ = ["AttachedEagle", "resolve_eagle"]
 
@@ -32,16 +33,7 @@ def resolve_eagle(recipe: Recipe, recipe_path: Path, target: ModelConfig) -> Att
     spec = recipe.speculative
     if spec is None or spec.method != "eagle" or spec.heads.attach is None:
         return None
-    path = Path(spec.heads.attach).expanduser()
-    if not path.is_absolute():
-        path = Path(recipe_path).absolute().parent / path
-    if not (path / CONFIG_FILE).is_file():
-        raise RecipeError(
-            [
-                f"{_WHERE}: {path} has no {CONFIG_FILE} (an EAGLE-3 checkpoint in the "
-                "speculators format)"
-            ]
-        )
+    path = attach_dir(spec.heads.attach, recipe_path, "an EAGLE-3 speculators checkpoint")
     try:
         cfg = load_eagle3_config(path, target.num_layers)
     except Eagle3Error as e:

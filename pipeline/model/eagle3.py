@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import ConfigError, ModelConfig
-from .head_checkpoint import check_tensors, read_tensors
+from .head_checkpoint import check_tensors, read_config, read_tensors
 from .layers import MLP, Attention, RMSNorm
 
 __all__ = [
@@ -292,7 +292,7 @@ def load_eagle3(
     eagle_aux_hidden_state_layer_ids (and checks given ones). Raises `Eagle3Error` naming the
     file and what is wrong."""
     file = path / CONFIG_FILE
-    raw = _read_config(file)
+    raw = read_config(file, Eagle3Error)
     if target_num_layers is None and raw.get("eagle_aux_hidden_state_layer_ids") is None:
         raise Eagle3Error(
             f"{file}: no eagle_aux_hidden_state_layer_ids: the target's num_layers is needed "
@@ -340,22 +340,12 @@ def load_eagle3_config(
     when given, the target's ``vocab_size`` and ``hidden_size``."""
     file = path / CONFIG_FILE
     return _config(
-        _read_config(file),
+        read_config(file, Eagle3Error),
         file,
         target_num_layers,
         vocab_size=vocab_size,
         hidden_size=hidden_size,
     )
-
-
-def _read_config(file: Path) -> dict:
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, ValueError) as e:
-        raise Eagle3Error(f"{file}: not a readable JSON config ({e})") from None
-    if not isinstance(raw, dict):
-        raise Eagle3Error(f"{file}: not a JSON object")
-    return raw
 
 
 def _config(

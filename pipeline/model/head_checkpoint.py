@@ -1,15 +1,29 @@
-"""The safetensors of a drafter checkpoint (Medusa heads, an EAGLE-3 draft): read under the
-names the module uses, and checked against the module's own state before it is loaded."""
+"""The files of a drafter checkpoint (Medusa heads, an EAGLE-3 draft): its config.json, and
+its safetensors read under the names the module uses and checked against the module's own
+state before it is loaded."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-__all__ = ["check_tensors", "read_tensors"]
+__all__ = ["check_tensors", "read_config", "read_tensors"]
+
+
+def read_config(file: Path, error: type[ValueError]) -> dict:
+    """config.json as a dict; ``error`` naming the file when it is unreadable or not an
+    object."""
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise error(f"{file}: not a readable JSON config ({e})") from None
+    if not isinstance(raw, dict):
+        raise error(f"{file}: not a JSON object")
+    return raw
 
 
 def read_tensors(

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from .head_checkpoint import check_tensors, read_tensors
+from .head_checkpoint import check_tensors, read_config, read_tensors
 
 __all__ = [
     "MedusaConfig",
@@ -123,7 +123,7 @@ def save_medusa(heads: MedusaHeadsModel, out: Path) -> None:
 def load_medusa(path: Path) -> MedusaHeadsModel:
     """A Medusa checkpoint directory in vLLM's layout (module docstring), as float32 heads.
     Raises `MedusaError` naming the file and what is wrong."""
-    raw = _read_config(path)
+    raw = read_config(path / CONFIG_FILE, MedusaError)
     cfg = _config(raw, path / CONFIG_FILE)
     tensors = {
         name: t.float()
@@ -145,18 +145,7 @@ def load_medusa(path: Path) -> MedusaHeadsModel:
 
 def load_medusa_config(path: Path) -> MedusaConfig:
     """The sizes of the Medusa checkpoint in ``path`` (config.json only: no weights read)."""
-    return _config(_read_config(path), path / CONFIG_FILE)
-
-
-def _read_config(path: Path) -> dict:
-    file = path / CONFIG_FILE
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, ValueError) as e:
-        raise MedusaError(f"{file}: not a readable JSON config ({e})") from None
-    if not isinstance(raw, dict):
-        raise MedusaError(f"{file}: not a JSON object")
-    return raw
+    return _config(read_config(path / CONFIG_FILE, MedusaError), path / CONFIG_FILE)
 
 
 def _config(raw: dict, file: Path) -> MedusaConfig:

@@ -106,7 +106,19 @@ class MedusaTrain(_Strict):
     seed: int = Field(default=0, ge=0, description="Seed for the positions each step draws.")
 
 
-class MedusaHeads(_Strict):
+class _TrainOrAttach(_Strict):
+    """A drafter trained in the build (`train`) or attached (`attach`): exactly one."""
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> _TrainOrAttach:
+        if (self.train is None) == (self.attach is None):
+            raise PydanticCustomError(
+                "heads_origin", "give exactly one of `train` and `attach`", {}
+            )
+        return self
+
+
+class MedusaHeads(_TrainOrAttach):
     """Where the heads come from: trained here (`train`), or an existing checkpoint in vLLM's
     Medusa layout (`attach`: config.json + safetensors, blocks.{h}.layers.{l}, lm_heads.{h})."""
 
@@ -117,14 +129,6 @@ class MedusaHeads(_Strict):
         description="Directory of a Medusa checkpoint in vLLM's layout (relative to the "
         "recipe file); its vocab_size and hidden_size must be the target's.",
     )
-
-    @model_validator(mode="after")
-    def _one_origin(self) -> MedusaHeads:
-        if (self.train is None) == (self.attach is None):
-            raise PydanticCustomError(
-                "heads_origin", "give exactly one of `train` and `attach`", {}
-            )
-        return self
 
 
 class MedusaSpeculative(_Strict):
@@ -177,7 +181,7 @@ class EagleTrain(_Strict):
     seed: int = Field(default=0, ge=0, description="Seed for the spans each step draws.")
 
 
-class EagleHeads(_Strict):
+class EagleHeads(_TrainOrAttach):
     """Where the EAGLE-3 draft comes from: trained here (`train`), or an existing checkpoint
     in the speculators format (`attach`: config.json with speculators_model_type eagle3 +
     safetensors: fc, layers.0.*, norm, lm_head over a draft vocabulary with d2t / t2d)."""
@@ -189,14 +193,6 @@ class EagleHeads(_Strict):
         description="Directory of an EAGLE-3 checkpoint in the speculators format (relative "
         "to the recipe file); its vocab_size and target hidden size must be the target's.",
     )
-
-    @model_validator(mode="after")
-    def _one_origin(self) -> EagleHeads:
-        if (self.train is None) == (self.attach is None):
-            raise PydanticCustomError(
-                "heads_origin", "give exactly one of `train` and `attach`", {}
-            )
-        return self
 
 
 class EagleSpeculative(_Strict):
