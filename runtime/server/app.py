@@ -153,11 +153,11 @@ def create_app(
 
     @app.post("/v1/completions", responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _until_disconnect(request, serving.completions(body, request))
+        return await _until_disconnect(request, serving.completions(body))
 
     @app.post("/v1/chat/completions", responses=_ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await _until_disconnect(request, serving.chat(body, request))
+        return await _until_disconnect(request, serving.chat(body))
 
     return app
 

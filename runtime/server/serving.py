@@ -19,7 +19,6 @@ import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ingot.runtime.n_best import pick_best
@@ -67,15 +66,15 @@ class Serving:
         self.llm = llm
         self.model_name = model_name
 
-    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+    async def completions(self, body: CompletionRequest) -> Response:
         model = self._served(body.model)
         _refuse_unsupported(body.unsupported())
         prompts = [await self._completion_prompt(model, p) for p in body.prompts()]
         bodies = CompletionBodies(self.model_name, model.tokenizer, body.logprobs, **_usage(body))
         params = [self._params(model, body, p.ids, body.max_tokens, body.logprobs) for p in prompts]
-        return await self._respond(body, prompts, params, bodies, request, echo=body.echo)
+        return await self._respond(body, prompts, params, bodies, echo=body.echo)
 
-    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat(self, body: ChatCompletionRequest) -> Response:
         model = self._served(body.model)
         _refuse_unsupported(body.unsupported())
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
@@ -92,7 +91,7 @@ class Serving:
         prompts = [_Prompt(ids, text)]
         bodies = ChatBodies(self.model_name, model.tokenizer, num_logprobs, **_usage(body))
         params = [self._params(model, body, ids, body.output_limit(), num_logprobs)]
-        return await self._respond(body, prompts, params, bodies, request, echo=False)
+        return await self._respond(body, prompts, params, bodies, echo=False)
 
     # -- request -> generator ----------------------------------------------------------
 
@@ -158,7 +157,6 @@ class Serving:
         prompts: list[_Prompt],
         params: list[SamplingParams],
         bodies: Bodies,
-        request: Request,
         *,
         echo: bool,
     ) -> Response:
@@ -180,7 +178,7 @@ class Serving:
             Choice(i, prefix=prompts[s.prompt_index].text if echo else "")
             for i, s in enumerate(samples)
         ]
-        events = _sse(bodies, list(zip(choices, samples, strict=True)), prompts, request)
+        events = _sse(bodies, list(zip(choices, samples, strict=True)), prompts)
         return _ClosingStreamingResponse(events, close_all)
 
     def _open(self, prompts: list[_Prompt], params: list[SamplingParams]) -> list[_Sample]:
@@ -284,50 +282,75 @@ class _ClosingStreamingResponse(StreamingResponse):
 
 
 async def _sse(
-    bodies: Bodies,
-    choices: list[tuple[Choice, _Sample]],
-    prompts: list[_Prompt],
-    request: Request,
+    bodies: Bodies, choices: list[tuple[Choice, _Sample]], prompts: list[_Prompt]
 ) -> AsyncIterator[str]:
-    """Every choice's chunks as its deltas arrive (choices interleave), then the usage."""
-    merged: asyncio.Queue[tuple[Choice, RequestDelta] | APIError] = asyncio.Queue()
+    """Every choice's chunks as its deltas arrive (choices interleave), then the usage.
 
-    async def pump(choice: Choice, sample: _Sample) -> None:
-        try:
-            delta = sample.deltas[0]
-            while True:
-                await merged.put((choice, delta))
-                if delta.finish_reason is not None:
-                    return
-                delta = await sample.stream.next()
-                sample.deltas.append(delta)
-        except APIError as e:
-            await merged.put(e)
-
-    pumps = [asyncio.ensure_future(pump(choice, sample)) for choice, sample in choices]
+    Each wake-up yields every delta that has arrived as one string: one write through the ASGI
+    stack, not one per step the response slept through. A client's disconnect is the
+    StreamingResponse's to see: it stops this generator, and the response's close aborts the
+    requests, so no chunk polls for it (starlette's is_disconnected per chunk was ~10% of the
+    event loop's busy time at 32 concurrent streams, sampled with py-spy).
+    """
     try:
-        for _ in range(len(choices)):
-            while True:
-                item = await merged.get()
-                if isinstance(item, APIError):
-                    raise item
-                choice, delta = item
-                for chunk in bodies.chunks(choice, delta):
-                    yield _event(chunk)
-                if delta.finish_reason is not None:
-                    break
-                if await request.is_disconnected():
-                    return  # the response closes the streams, which aborts the requests
+        async for arrived in _arrivals(choices):
+            yield "".join(_event(c) for choice, d in arrived for c in bodies.chunks(choice, d))
         if bodies.include_usage:
             prompt_tokens = sum(len(p.ids) for p in prompts)
             output_tokens = sum(s.deltas[-1].num_output_tokens for _, s in choices)
             yield _event(bodies.usage_chunk(Usage.of(prompt_tokens, output_tokens)))
     except APIError as e:
         yield _event(e.body())
+    yield "data: [DONE]\n\n"
+
+
+async def _arrivals(
+    choices: list[tuple[Choice, _Sample]],
+) -> AsyncIterator[list[tuple[Choice, RequestDelta]]]:
+    """(choice, delta) pairs in arrival order, each batch what had arrived when woken, from
+    each sample's first delta (already collected) to its last; raises a sample's APIError
+    after the deltas before it. One choice reads its stream directly; several are merged
+    through a queue their pumps fill."""
+    if len(choices) == 1:
+        [(choice, sample)] = choices
+        yield [(choice, sample.deltas[0])]
+        while sample.deltas[-1].finish_reason is None:
+            batch = await sample.stream.next_batch()
+            sample.deltas += batch
+            yield [(choice, d) for d in batch]
+        return
+    merged: asyncio.Queue[tuple[Choice, RequestDelta] | APIError] = asyncio.Queue()
+
+    async def pump(choice: Choice, sample: _Sample) -> None:
+        try:
+            merged.put_nowait((choice, sample.deltas[0]))
+            while sample.deltas[-1].finish_reason is None:
+                batch = await sample.stream.next_batch()
+                sample.deltas += batch
+                for delta in batch:
+                    merged.put_nowait((choice, delta))
+        except APIError as e:
+            merged.put_nowait(e)
+
+    pumps = [asyncio.ensure_future(pump(choice, sample)) for choice, sample in choices]
+    try:
+        unfinished = len(choices)
+        while unfinished:
+            items = [await merged.get()]
+            while not merged.empty():
+                items.append(merged.get_nowait())
+            arrived = []
+            for item in items:
+                if isinstance(item, APIError):
+                    if arrived:
+                        yield arrived
+                    raise item
+                arrived.append(item)
+                unfinished -= item[1].finish_reason is not None
+            yield arrived
     finally:
         for task in pumps:
             task.cancel()
-    yield "data: [DONE]\n\n"
 
 
 def _event(payload: dict) -> str:

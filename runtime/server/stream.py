@@ -58,6 +58,7 @@ class RequestStream:
         "arrival",
         "_loop",
         "_queue",
+        "_held",
         "finished",
         "closed",
     )
@@ -71,6 +72,7 @@ class RequestStream:
         self.arrival = time.monotonic()
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[RequestDelta | APIError] = asyncio.Queue()
+        self._held: APIError | None = None  # met by next_batch behind outputs: raised next
         self.finished = False  # the generator is done with it (last output or an error)
         self.closed = False  # the handler let go of it (AsyncLLM.close)
 
@@ -84,6 +86,9 @@ class RequestStream:
 
     async def next(self) -> RequestDelta:
         """The next output; raises the request's APIError, or 408 once its deadline passes."""
+        if self._held is not None:
+            self.finished = True
+            raise self._held
         try:
             if not self._queue.empty() or self.deadline is None:
                 item = await self._queue.get()
@@ -102,6 +107,20 @@ class RequestStream:
         if isinstance(item, APIError):
             raise item
         return item
+
+    async def next_batch(self) -> list[RequestDelta]:
+        """The next output and every output already queued behind it, in order: what a
+        streaming response writes at once when it wakes (one write, not one per step it
+        slept through). An error queued behind outputs is raised by the following call."""
+        batch = [await self.next()]
+        while not self.finished and not self._queue.empty():
+            item = self._queue.get_nowait()
+            if isinstance(item, APIError):
+                self._held = item
+                break
+            self.finished = item.finish_reason is not None
+            batch.append(item)
+        return batch
 
     def __aiter__(self) -> RequestStream:
         return self

@@ -38,6 +38,7 @@ class FakeSession:
         self.pool = pool
         self.calls = 0  # runs started
         self.fail_after: int | None = None  # runs that succeed before every run raises
+        self.hold_at: int | None = None  # the run that holds the session when it starts
         self._go = threading.Event()
         self._go.set()
 
@@ -51,9 +52,15 @@ class FakeSession:
         """Let `runs` more runs succeed, then fail every one."""
         self.fail_after = self.calls + runs
 
+    def hold_after(self, runs: int) -> None:
+        """Let `runs` more runs go, then hold (until `release`)."""
+        self.hold_at = self.calls + runs + 1
+
     def run(self, batch):
         input_ids = batch.input_ids
         self.calls += 1
+        if self.calls == self.hold_at:
+            self.hold()
         self._go.wait(HOLD_TIMEOUT_S)
         if self.fail_after is not None and self.calls > self.fail_after:
             raise RuntimeError("the fake session broke")

@@ -7,20 +7,39 @@ app in process (httpx.ASGITransport), so every case is exact and takes well unde
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
 from contextlib import asynccontextmanager
 
 import httpx
+import pytest
 
+from ingot.runtime.sampling import SamplingParams
 from ingot.runtime.server import create_app
+from ingot.runtime.server.protocol import APIError
+from ingot.runtime.server.stream import RequestDelta, RequestStream
 
 from server_support import fake_llm
 
 PROMPT = [65, 66, 67]
 BODY = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0}
 WAIT_S = 10
+_SCOPE = {  # a POST /v1/completions as a server hands it to the app (ASGI 2.3)
+    "type": "http",
+    "asgi": {"version": "3.0", "spec_version": "2.3"},
+    "http_version": "1.1",
+    "method": "POST",
+    "scheme": "http",
+    "path": "/v1/completions",
+    "raw_path": b"/v1/completions",
+    "query_string": b"",
+    "root_path": "",
+    "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+    "client": ("127.0.0.1", 1),
+    "server": ("test", 80),
+}
 
 
 async def _until(condition, timeout: float = WAIT_S) -> None:
@@ -138,21 +157,7 @@ def test_client_disconnect_cancels_a_non_streaming_request(tmp_path):
         async def send(message):
             sent.append(message)
 
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/v1/completions",
-            "raw_path": b"/v1/completions",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
-            "client": ("127.0.0.1", 1),
-            "server": ("test", 80),
-        }
-        await asyncio.wait_for(app(scope, receive, send), WAIT_S)
+        await asyncio.wait_for(app(_SCOPE, receive, send), WAIT_S)
         session.release()
         await _until(lambda: _idle(llm))
         llm.shutdown()
@@ -161,6 +166,63 @@ def test_client_disconnect_cancels_a_non_streaming_request(tmp_path):
     # The handler was cancelled: no answer was sent and the generator stopped generating it.
     assert sent[0]["status"] == 499
     assert _generated_tokens(llm) < 30
+
+
+@pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
+def test_client_disconnect_aborts_a_streaming_request(tmp_path, spec_version):
+    """No chunk polls for a disconnect: the StreamingResponse sees it (ASGI 2.3: the
+    http.disconnect message; 2.4: a send that raises OSError) and its close aborts the request."""
+    llm, session = fake_llm(tmp_path)
+    app = create_app(llm, "fake")
+    body = json.dumps({**BODY, "max_tokens": 40, "stream": True}).encode()
+    sent: list[dict] = []
+
+    async def main():
+        llm.start()
+        await _until(lambda: llm.ready)
+        session.hold_after(3)  # the request stays live: 3 tokens, then the session waits
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if messages:
+                return messages.pop(0)
+            if spec_version == "2.3":  # the client leaves once the first chunk has come
+                await _until(lambda: any(m.get("body") for m in sent))
+                return {"type": "http.disconnect"}
+            await asyncio.Event().wait()  # 2.4: the app does not listen; sending fails
+
+        async def send(message):
+            if spec_version == "2.4" and message["type"] == "http.response.body":
+                raise OSError("the client went away")
+            sent.append(message)
+
+        scope = {**_SCOPE, "asgi": {"version": "3.0", "spec_version": spec_version}}
+        with contextlib.suppress(Exception):  # 2.4: starlette raises ClientDisconnect
+            await asyncio.wait_for(app(scope, receive, send), WAIT_S)
+        await _until(lambda: llm.num_open == 0)  # closed (aborted) while the session held
+        session.release()
+        await _until(lambda: _idle(llm))
+        llm.shutdown()
+
+    asyncio.run(main())
+    assert sent[0]["status"] == 200
+    assert _generated_tokens(llm) <= 4  # aborted, not run to max_tokens
+
+
+def test_next_batch_takes_what_is_queued_and_raises_an_error_behind_it():
+    async def main():
+        stream = RequestStream([1], SamplingParams(max_tokens=8), None)
+        deltas = [RequestDelta([t], str(t), None, None, 1, t) for t in (1, 2, 3)]
+        error = APIError(500, "boom")
+        stream._put_all([*deltas, error])
+        batch = await stream.next_batch()
+        with pytest.raises(APIError):
+            await stream.next_batch()
+        return batch, stream.finished
+
+    batch, finished = asyncio.run(main())
+    assert [d.token_ids for d in batch] == [[1], [2], [3]]
+    assert finished
 
 
 def _generated_tokens(llm) -> float:
