@@ -1,11 +1,15 @@
 """The paged KV cache: per-layer block pools, a reference-counted allocator, per-sequence tables.
 
-The graph reads past keys and values through block tables and never writes the pool; the
-runtime scatters each call's new K/V into the slots of the sequence's blocks (slot =
-block_id * block_size + offset). Allocation lives in a `BlockTable` per sequence so prefix
-caching (sharing full blocks by reference count) and preemption (release, recompute later)
-can be added without touching the pool itself. The pool's `PrefixCache` (prefix_cache.py)
-hears through `BlockAllocator.on_evict` when a cached free block is handed out again.
+An engine graph reads past keys and values through block tables. Its new K/V reach the pool
+one of two ways (docs/design.md, "Paged KV contract"): a graph with a `kv_slots` input writes
+them itself (ScatterND into the pool, whose output the session binds to the pool's own memory),
+an older graph returns them and the runtime scatters them (slot = block_id * block_size +
+offset). Every pool has one scratch block after the allocator's blocks, never handed out,
+where a graph writes the K/V of padded rows. Allocation lives in a `BlockTable` per sequence
+so prefix caching (sharing full blocks by reference count) and preemption (release, recompute
+later) can be added without touching the pool itself. The pool's `PrefixCache`
+(prefix_cache.py) hears through `BlockAllocator.on_evict` when a cached free block is handed
+out again.
 """
 
 from __future__ import annotations
@@ -243,7 +247,8 @@ def slots_of(block_ids: list[int], block_size: int, positions: np.ndarray) -> np
 
 
 class KVPool:
-    """Per-layer key and value arrays [NB, B, Hkv, D], shared by every sequence.
+    """Per-layer key and value arrays [NB + 1, B, Hkv, D], shared by every sequence: NB blocks
+    the allocator hands out, then the scratch block (`scratch_block`) padded rows write into.
 
     The arrays are allocated once and only ever written in place, so an engine session can
     bind them without copying and see every write.
@@ -262,7 +267,7 @@ class KVPool:
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        shape = (num_blocks + 1, block_size, num_kv_heads, head_dim)  # + the scratch block
         # zeros, not empty: masked slots still go through the attention matmul, and garbage
         # (NaN) there would poison the output even with a zero weight.
         # Zero-filled by writing, not np.zeros' lazily mapped pages: otherwise the first write
@@ -272,8 +277,8 @@ class KVPool:
         self.v = [_zero_filled(shape, dtype) for _ in range(num_layers)]
         # Reshapes of contiguous arrays are views: writing through them writes the pool.
         # [NB*B, Hkv*D] views: a slot is one row, whatever shape the new K/V come in.
-        self._k_flat = [a.reshape(num_blocks * block_size, -1) for a in self.k]
-        self._v_flat = [a.reshape(num_blocks * block_size, -1) for a in self.v]
+        self._k_flat = [a.reshape((num_blocks + 1) * block_size, -1) for a in self.k]
+        self._v_flat = [a.reshape((num_blocks + 1) * block_size, -1) for a in self.v]
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
         # One per pool: every generator on this pool must see the same cached blocks.
@@ -287,7 +292,8 @@ class KVPool:
         head_dim: int,
         dtype: np.dtype | type = np.float32,
     ) -> int:
-        """Bytes one block takes across all layers, keys and values."""
+        """Bytes one block takes across all layers, keys and values (a pool of n blocks holds
+        n + 1: the scratch block)."""
         return 2 * num_layers * block_size * num_kv_heads * head_dim * np.dtype(dtype).itemsize
 
     @classmethod
@@ -323,12 +329,20 @@ class KVPool:
         return self.allocator.num_blocks
 
     @property
+    def scratch_block(self) -> int:
+        """The block id after the allocator's: no table ever lists it, so a graph can write the
+        K/V of padded rows there (build_inputs' `scratch_block`)."""
+        return self.allocator.num_blocks
+
+    @property
     def dtype(self) -> np.dtype:
         return self.k[0].dtype
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+        """Bytes of the blocks the allocator hands out: the KV cache's capacity (the arrays
+        hold one block more, the scratch block)."""
+        return self.num_blocks * sum(a[0].nbytes for a in (self.k[0], self.v[0])) * len(self.k)
 
     def new_block_table(self) -> BlockTable:
         return BlockTable(self.allocator, self.block_size)

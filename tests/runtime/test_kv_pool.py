@@ -84,7 +84,9 @@ def test_pool_sizing_from_budget():
     per_block = KVPool.bytes_per_block(2, 16, 2, 8, np.float16)
     assert per_block == 2 * 2 * 16 * 2 * 8 * 2
     pool = KVPool.from_budget(10 * per_block + 1, 2, 16, 2, 8, np.float16)
+    # 10 blocks to hand out, plus the scratch block padded rows write into
     assert pool.num_blocks == 10 and pool.dtype == np.float16 and pool.nbytes == 10 * per_block
+    assert pool.scratch_block == 10 and pool.k[0].shape[0] == 11
     assert KVPool.from_budget(10 * per_block, 2, 16, 2, 8, np.float16, max_blocks=3).num_blocks == 3
     with pytest.raises(ValueError, match="holds no block"):
         KVPool.from_budget(per_block - 1, 2, 16, 2, 8, np.float16)
@@ -114,8 +116,8 @@ def test_quantized_pool_stores_codes_as_given():
     pool = KVPool(1, 2, 4, 2, 8, np.uint8)
     codes = np.arange(3 * 16, dtype=np.uint8).reshape(3, 16)  # [n, Hkv*D] E4M3FN bytes
     pool.write(np.array([1, 5, 6]), 0, codes, codes[::-1].copy())
-    assert (pool.k[0].reshape(8, 16)[[1, 5, 6]] == codes).all()
-    assert (pool.v[0].reshape(8, 16)[[1, 5, 6]] == codes[::-1]).all()
+    assert (pool.k[0].reshape(-1, 16)[[1, 5, 6]] == codes).all()  # 2 blocks + scratch: 12 slots
+    assert (pool.v[0].reshape(-1, 16)[[1, 5, 6]] == codes[::-1]).all()
 
 
 _ops = st.lists(st.tuples(st.sampled_from(["allocate", "free", "incref"]), st.integers(0, 63)))
