@@ -179,7 +179,7 @@ def op_profile(spec: dict) -> dict[str, Any]:
         table = model.pool.new_block_table()
         table.slots_for(len(prompt))  # as if prefilled: decode the token at the last position
         seqs.append((table, [prompt[-1]], len(prompt) - 1))
-    batch = build_inputs(seqs)
+    batch = build_inputs(seqs, scratch_block=model.session.scratch_block)
     warmup, runs = 3, 10
     for _ in range(warmup):
         model.session.run(batch)

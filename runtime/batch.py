@@ -1,10 +1,17 @@
 """Pack the sequences of one engine call into the graph's padded inputs, and unpack its K/V.
 
-Key slot j < MB*B of the attention mask is past slot j of the sequence's block table, which
-holds the token at position j; slot MB*B + i is the call's i-th new token. Everything that is
-padding (short sequences, unused block-table entries, slots past the context) is masked out.
-The block tables list only the blocks of tokens already in the pool (MB = the most any
-sequence has, at least 1): the graph gathers and attends over no slot of the call's own tokens.
+Two layouts, one per way new K/V reach the pool (docs/design.md, "Paged KV contract"):
+
+- The graph writes them (`scratch_block` given: the graph has a `kv_slots` input). The block
+  tables list the blocks of every position up to the call's last token; key slot j < MB*B of
+  the mask is slot j of the table, position j, the call's own tokens included (the graph writes
+  them before it gathers). `kv_slots` [S, Q, 2] is each row's (block, offset); padded rows
+  write into the pool's scratch block.
+- The runtime writes them (older graphs). The tables list only the blocks of tokens already in
+  the pool; key slot j < MB*B is past position j and slot MB*B + i the call's i-th new token.
+
+Either way everything that is padding (short sequences, unused block-table entries, slots past
+the context) is masked out, and MB = the most blocks any sequence lists, at least 1.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ class Batch:
     logits_indices: np.ndarray
     slots: np.ndarray  # [T] int64 pool slots of every real new token, sequence by sequence
     real_rows: np.ndarray | None  # [T] their rows in the call's S*Q; None: every row is real
+    # [S, Q, 2] int64 (block, offset) each row's K/V is written to by the graph itself; None
+    # for a graph that returns them (the runtime writes them: write_kv).
+    kv_slots: np.ndarray | None = None
 
     def write_kv(self, pool: KVPool, new_kv: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
         """Scatter the real rows of each layer's new_k, new_v [S, Q, Hkv*D] (older engines:
@@ -63,18 +73,21 @@ def build_inputs(
     seqs: Sequence[tuple[BlockTable, Sequence[int], int]],
     sliding_window: int | None = None,
     all_logits: bool = False,
+    scratch_block: int | None = None,
 ) -> Batch:
     """Inputs for sequences given as (block table, new token ids, start position).
 
     The block table must already hold blocks for positions start .. start+n-1 (see
     `BlockTable.slots_for`); tokens before `start` are read from the pool. With `all_logits`
-    the call computes the logits of every real new token, not only each sequence's last.
+    the call computes the logits of every real new token, not only each sequence's last. With
+    `scratch_block` (the pool's, `KVPool.scratch_block`) the inputs are for a graph that writes
+    the call's K/V into the pool itself (`kv_slots`), else for one that returns them.
     """
     if not seqs:
         raise ValueError("build_inputs needs at least one sequence")
     if all(len(ids) == 1 for _, ids, _ in seqs):
-        return _decode_inputs(seqs, sliding_window)
-    batch = _general_inputs(seqs, sliding_window)
+        return _decode_inputs(seqs, sliding_window, scratch_block)
+    batch = _general_inputs(seqs, sliding_window, scratch_block)
     if all_logits:
         real = batch.real_rows
         batch.logits_indices = np.arange(batch.input_ids.size) if real is None else real
@@ -82,13 +95,20 @@ def build_inputs(
 
 
 def _general_inputs(
-    seqs: Sequence[tuple[BlockTable, Sequence[int], int]], sliding_window: int | None
+    seqs: Sequence[tuple[BlockTable, Sequence[int], int]],
+    sliding_window: int | None,
+    scratch_block: int | None,
 ) -> Batch:
     """`build_inputs` for any call: padded to the longest chunk."""
     block_size = seqs[0][0].block_size
     num_seqs = len(seqs)
     q_len = max(len(ids) for _, ids, _ in seqs)
-    max_blocks = max(1, max(_past_blocks(start, block_size) for _, _, start in seqs))
+    in_graph = scratch_block is not None
+    # The blocks each table lists: the past's, or (in_graph) up to the call's last token.
+    listed = [
+        _blocks_of(start + (len(ids) if in_graph else 0), block_size) for _, ids, start in seqs
+    ]
+    max_blocks = max(1, *listed)
     past_len = max_blocks * block_size
 
     input_ids = np.zeros((num_seqs, q_len), dtype=np.int64)
@@ -110,17 +130,48 @@ def _general_inputs(
             )
         input_ids[s, :n] = ids
         positions[s, :n] = np.arange(start, start + n)
-        past_blocks = table.block_ids[: _past_blocks(start, block_size)]
-        block_tables[s, : len(past_blocks)] = past_blocks
+        block_tables[s, : listed[s]] = table.block_ids[: listed[s]]
         context_lens[s] = start
         num_new[s] = n
         slots.append(slots_of(table.block_ids, block_size, positions[s, :n]))
 
     query = np.arange(q_len)  # [Q]
     real_query = query[None, :] < num_new[:, None]  # [S, Q]
+    key_pos = np.arange(past_len)  # [K]
+    first_row = np.arange(num_seqs, dtype=np.int64) * q_len  # [S]
+    real_rows = None
+    if not real_query.all():
+        real_rows = np.concatenate([first_row[s] + np.arange(n) for s, n in enumerate(num_new)])
+    batch = Batch(
+        input_ids,
+        positions,
+        block_tables,
+        context_lens,
+        None,  # the mask, below
+        first_row + num_new - 1,  # logits_indices
+        np.concatenate(slots),
+        real_rows,
+    )
+    if in_graph:
+        # Table slot j holds position j, the call's own tokens included: causal over positions.
+        mask = key_pos[None, None, :] <= positions[:, :, None]  # [S, Q, K]
+        if sliding_window is not None:
+            mask &= positions[:, :, None] - key_pos[None, None, :] < sliding_window
+        mask &= real_query[:, :, None]
+        # A padded query row attends to slot 0 only (always listed), so its softmax stays
+        # finite; its K/V go to the scratch block.
+        pad_s, pad_q = np.nonzero(~real_query)
+        mask[pad_s, pad_q, 0] = True
+        flat = np.concatenate(slots)
+        kv_slots = np.empty((num_seqs, q_len, 2), dtype=np.int64)
+        kv_slots[..., 0], kv_slots[..., 1] = scratch_block, 0
+        rows = np.nonzero(real_query)  # row-major: sequence by sequence, as `slots`
+        kv_slots[rows[0], rows[1], 0] = flat // block_size
+        kv_slots[rows[0], rows[1], 1] = flat % block_size
+        batch.attention_mask, batch.kv_slots = mask[:, None], kv_slots
+        return batch
 
     # Past keys: slot j holds position j; visible if already in the pool.
-    key_pos = np.arange(past_len)  # [K]
     past = key_pos[None, None, :] < context_lens[:, None, None]  # [S, 1, K]
     past = past & real_query[:, :, None]  # [S, Q, K]
     # New keys: causal among the real new tokens.
@@ -136,32 +187,22 @@ def _general_inputs(
     pad_s, pad_q = np.nonzero(~real_query)
     new[pad_s, pad_q, pad_q] = True
 
-    mask = np.concatenate([past, new], axis=-1)[:, None]  # [S, 1, Q, K + Q]
-    first_row = np.arange(num_seqs, dtype=np.int64) * q_len  # [S]
-    logits_indices = first_row + num_new - 1
-    real_rows = None
-    if not real_query.all():
-        real_rows = np.concatenate([first_row[s] + np.arange(n) for s, n in enumerate(num_new)])
-    return Batch(
-        input_ids,
-        positions,
-        block_tables,
-        context_lens,
-        mask,
-        logits_indices,
-        np.concatenate(slots),
-        real_rows,
-    )
+    batch.attention_mask = np.concatenate([past, new], axis=-1)[:, None]  # [S, 1, Q, K + Q]
+    return batch
 
 
 def _decode_inputs(
-    seqs: Sequence[tuple[BlockTable, Sequence[int], int]], sliding_window: int | None
+    seqs: Sequence[tuple[BlockTable, Sequence[int], int]],
+    sliding_window: int | None,
+    scratch_block: int | None,
 ) -> Batch:
     """`build_inputs` for a call of one new token per sequence (every decode step): the same
     arrays with a few vector operations and no padding, since this runs once per token."""
     block_size = seqs[0][0].block_size
     num_seqs = len(seqs)
-    max_blocks = max(1, max(_past_blocks(start, block_size) for _, _, start in seqs))
+    in_graph = scratch_block is not None
+    listed = [_blocks_of(start + in_graph, block_size) for _, _, start in seqs]
+    max_blocks = max(1, *listed)
     block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int64)
     slots = np.empty(num_seqs, dtype=np.int64)
     for s, (table, _, start) in enumerate(seqs):
@@ -173,17 +214,24 @@ def _decode_inputs(
                 f"sequence {s}: position {start} is beyond its {len(blocks)} blocks; "
                 "allocate with BlockTable.slots_for first"
             )
-        past_blocks = blocks[: _past_blocks(start, block_size)]
-        block_tables[s, : len(past_blocks)] = past_blocks
+        block_tables[s, : listed[s]] = blocks[: listed[s]]
         slots[s] = blocks[start // block_size] * block_size + start % block_size
     context_lens = np.fromiter((start for _, _, start in seqs), np.int64, num_seqs)  # [S]
     input_ids = np.fromiter((ids[0] for _, ids, _ in seqs), np.int64, num_seqs)[:, None]
     key_pos = np.arange(max_blocks * block_size)  # [K]
-    past = key_pos < context_lens[:, None]  # [S, K]
-    if sliding_window is not None:
-        past &= context_lens[:, None] - key_pos < sliding_window
-    mask = np.ones((num_seqs, 1, 1, key_pos.size + 1), dtype=bool)  # the new token sees itself
-    mask[:, 0, 0, :-1] = past
+    kv_slots = None
+    if in_graph:  # the new token is table slot `start`: visible up to and including it
+        visible = key_pos <= context_lens[:, None]  # [S, K]
+        if sliding_window is not None:
+            visible &= context_lens[:, None] - key_pos < sliding_window
+        mask = visible[:, None, None, :]
+        kv_slots = np.stack([slots // block_size, slots % block_size], axis=-1)[:, None, :]
+    else:
+        past = key_pos < context_lens[:, None]  # [S, K]
+        if sliding_window is not None:
+            past &= context_lens[:, None] - key_pos < sliding_window
+        mask = np.ones((num_seqs, 1, 1, key_pos.size + 1), dtype=bool)  # the new token: itself
+        mask[:, 0, 0, :-1] = past
     return Batch(
         input_ids,
         context_lens[:, None].copy(),  # positions [S, 1]
@@ -193,11 +241,13 @@ def _decode_inputs(
         np.arange(num_seqs, dtype=np.int64),  # logits_indices: every row
         slots,
         None,  # no padding
+        kv_slots,
     )
 
 
-def _past_blocks(start: int, block_size: int) -> int:
-    """Blocks holding a sequence's `start` tokens already in the pool: all the graph gathers.
-    The blocks of this call's own tokens are not read (their K/V come from the call), so a
-    first prefill chunk attends over its own tokens only, not over as many empty slots."""
-    return -(-start // block_size)
+def _blocks_of(num_tokens: int, block_size: int) -> int:
+    """Blocks holding a sequence's first `num_tokens` positions: all the graph gathers. A graph
+    that returns its K/V reads none of the call's own tokens from the pool (they come from
+    the call), so a first prefill chunk attends over its own tokens only, not over empty
+    slots; one that writes them reads them back from their blocks."""
+    return -(-num_tokens // block_size)

@@ -85,10 +85,13 @@ class RequestError(ValueError):
 class ModelRunner(Protocol):
     """What the loop needs of an engine session (EngineSession, or a fake in tests). With a
     drafter that `needs_hidden`, also `hidden` [N, H]: the last call's rows beside its logits;
-    with one that `needs_features`, `aux_hidden` [S*Q, 3Ht]: every row of the last call."""
+    with one that `needs_features`, `aux_hidden` [S*Q, 3Ht]: every row of the last call. A
+    runner whose graph writes the pool itself has `scratch_block` (the pool's), and its
+    batches are built for that (build_inputs' `scratch_block`)."""
 
     def run(self, batch: Batch) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
-        """logits [N, V] of the batch's logits_indices rows; per layer new (K, V)."""
+        """logits [N, V] of the batch's logits_indices rows; per layer new (K, V), none when
+        the graph wrote them into the pool."""
         ...
 
 
@@ -144,6 +147,7 @@ class Generator:
                 f"max_seq_len {config.max_seq_len}"
             )
         self.session = session
+        self._scratch = getattr(session, "scratch_block", None)  # set: the graph writes the pool
         self.pool = pool
         self.tokenizer = tokenizer
         self.config = config
@@ -332,7 +336,7 @@ class Generator:
 
     def _run(self, chunks: list[Chunk], observe: bool = False) -> list[StepOutput]:
         seqs = [(c.seq.table, c.token_ids, c.start) for c in chunks]
-        inputs = build_inputs(seqs, self.config.sliding_window)
+        inputs = build_inputs(seqs, self.config.sliding_window, scratch_block=self._scratch)
         last, new_kv = self.session.run(inputs)  # [S, V]: each sequence's last new token
         hidden = self.session.hidden if self._needs_hidden else None  # [S, H], as `last`
         soon = self._drafts_soon()
@@ -415,7 +419,9 @@ class Generator:
             (c.seq.table, [c.token_ids[0], *d], c.start)
             for c, d in zip(chunks, drafts, strict=True)
         ]
-        inputs = build_inputs(seqs, self.config.sliding_window, all_logits=True)
+        inputs = build_inputs(
+            seqs, self.config.sliding_window, all_logits=True, scratch_block=self._scratch
+        )
         logits, new_kv = self.session.run(inputs)  # [T, V]: every real token, in order
         hidden = self.session.hidden if self._needs_hidden else None  # [T, H], as `logits`
         features = self.session.aux_hidden if self._needs_features else None  # [S*Q, 3Ht]

@@ -33,6 +33,7 @@ _OPT_LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 # The graph inputs built per call (runtime/batch.py's Batch fields); the pools are bound once.
+# `kv_slots` only in a graph that writes its K/V into the pool itself.
 STEP_INPUTS = (
     "input_ids",
     "positions",
@@ -40,6 +41,7 @@ STEP_INPUTS = (
     "context_lens",
     "attention_mask",
     "logits_indices",
+    "kv_slots",
 )
 # The pool's numpy dtype -> the pool inputs' ORT type (an fp8 pool is E4M3FN bytes: uint8).
 _ORT_TYPES = {
@@ -79,12 +81,23 @@ def draft_session_options() -> ort.SessionOptions:
 
 class _PagedSession:
     """A graph with the paged-KV interface (docs/design.md section 4). The pool arrays are
-    bound once as OrtValues that alias them: the pool is written in place between calls
-    (KVPool.write), so the bound values see every write and no call ever copies the cache.
-    Each call binds the step inputs (and any extra ones) and writes `outputs` into reused
-    buffers (`_OutputBuffers`), valid until the next call."""
+    bound once as OrtValues that alias them, so the bound values see every write and no call
+    ever copies the cache. A graph with a `kv_slots` input writes each call's K/V itself
+    (`writes_pool`): its `{k,v}_pool_out_{l}` outputs are bound to the same arrays, so its
+    ScatterND writes the pool in place. An older graph returns them as `new_{k,v}_{l}` and the
+    runtime writes them (KVPool.write). Each call binds the step inputs (and any extra ones)
+    and writes `outputs` into reused buffers (`_OutputBuffers`), valid until the next call."""
 
-    __slots__ = ("_session", "_binding", "_pool_values", "_outputs", "_inputs", "num_layers")
+    __slots__ = (
+        "_session",
+        "_binding",
+        "_pool_values",
+        "_outputs",
+        "_inputs",
+        "num_layers",
+        "writes_pool",
+        "_scratch",
+    )
 
     def __init__(
         self,
@@ -100,30 +113,46 @@ class _PagedSession:
             str(graph_file), options, providers=["CPUExecutionProvider"]
         )
         self.num_layers = pool.num_layers
-        new_kv = [f"new_{kv}_{i}" for i in range(pool.num_layers) for kv in ("k", "v")]
-        outputs = [*outputs, *new_kv]
-        _check_interface(self._session, pool, what, required_inputs, outputs)
+        graph_inputs = {i.name for i in self._session.get_inputs()}
+        self.writes_pool = "kv_slots" in graph_inputs
+        self._scratch = pool.scratch_block if self.writes_pool else None
+        kinds = [(layer, kind) for layer in range(pool.num_layers) for kind in ("k", "v")]
+        pool_outputs = [f"{kind}_pool_out_{layer}" for layer, kind in kinds]
+        new_kv = [f"new_{kind}_{layer}" for layer, kind in kinds]
+        _check_interface(
+            self._session,
+            pool,
+            what,
+            [*required_inputs, *(["kv_slots"] if self.writes_pool else [])],
+            [*outputs, *(pool_outputs if self.writes_pool else new_kv)],
+        )
         # Engines exported before `logits_indices` existed return logits
         # for every position; EngineSession.run then picks the rows itself.
-        graph_inputs = {i.name for i in self._session.get_inputs()}
         self._inputs = [n for n in STEP_INPUTS if n in graph_inputs]
         self._binding = self._session.io_binding()
         self._pool_values = []  # keeps the OrtValues (and so the aliases) alive
-        for layer in range(pool.num_layers):
-            for name, array in (
-                (f"k_pool_{layer}", pool.k[layer]),
-                (f"v_pool_{layer}", pool.v[layer]),
-            ):
-                value = ort.OrtValue.ortvalue_from_numpy(array)
-                if value.data_ptr() != array.ctypes.data:
-                    raise SessionError(f"{name}: binding copied the pool array; it must alias it")
-                self._binding.bind_ortvalue_input(name, value)
-                self._pool_values.append(value)
-        self._outputs = _OutputBuffers(self._session, outputs)
+        fixed: list[tuple[str, np.ndarray]] = []  # outputs bound to the pool arrays
+        for layer, kind in kinds:
+            name, array = f"{kind}_pool_{layer}", getattr(pool, kind)[layer]
+            value = ort.OrtValue.ortvalue_from_numpy(array)
+            if value.data_ptr() != array.ctypes.data:
+                raise SessionError(f"{name}: binding copied the pool array; it must alias it")
+            self._binding.bind_ortvalue_input(name, value)
+            self._pool_values.append(value)
+            if self.writes_pool:  # ScatterND's output is the pool itself: written in place
+                fixed.append((f"{kind}_pool_out_{layer}", array))
+        per_call = [*outputs, *([] if self.writes_pool else new_kv)]
+        self._outputs = _OutputBuffers(self._session, per_call, fixed)
 
     def _call(self, batch: Batch, **extra: np.ndarray) -> list[np.ndarray]:
         """Run on `batch` (and the `extra` inputs, contiguous): the output buffers, in the
-        order of `outputs` then each layer's new_k, new_v."""
+        order of `outputs` then, for a graph that returns its K/V, each layer's new_k, new_v."""
+        if (batch.kv_slots is not None) != self.writes_pool:
+            layout = "for a graph that writes" if batch.kv_slots is not None else "without"
+            raise SessionError(
+                f"the batch was built {layout} the pool (build_inputs' scratch_block), this "
+                f"graph {'writes' if self.writes_pool else 'returns'} its K/V"
+            )
         bind = self._binding.bind_cpu_input
         for name in self._inputs:
             bind(name, getattr(batch, name))  # build_inputs makes them contiguous
@@ -135,7 +164,16 @@ class _PagedSession:
         return arrays
 
     def _pairs(self, kv: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per layer (new_k, new_v); none from a graph that writes the pool itself."""
+        if self.writes_pool:
+            return []
         return [(kv[2 * i], kv[2 * i + 1]) for i in range(self.num_layers)]
+
+    @property
+    def scratch_block(self) -> int | None:
+        """What build_inputs' `scratch_block` must be for this session's graph: the pool's
+        scratch block if the graph writes the pool, else None."""
+        return self._scratch
 
 
 class EngineSession(_PagedSession):
@@ -176,13 +214,13 @@ class EngineSession(_PagedSession):
             pool,
             options,
             what="engine graph",
-            required_inputs=[n for n in STEP_INPUTS if n != "logits_indices"],
+            required_inputs=[n for n in STEP_INPUTS if n not in ("logits_indices", "kv_slots")],
             outputs=outputs,
         )
 
     def run(self, batch: Batch) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """logits [N, V] float32 for the batch's `logits_indices` rows, and per layer
-        (new_k, new_v) [S, Q, Hkv*D].
+        (new_k, new_v) [S, Q, Hkv*D] (none when the graph wrote them into the pool itself).
 
         The arrays are the session's output buffers, valid until the next call: read them
         (sample, scatter the K/V) before running again.
@@ -239,7 +277,7 @@ class EagleLayerSession(_PagedSession):
             pool,
             draft_session_options(),
             what="EAGLE draft layer graph",
-            required_inputs=[*STEP_INPUTS, "hidden"],
+            required_inputs=[*(n for n in STEP_INPUTS if n != "kv_slots"), "hidden"],
             outputs=["draft_tokens", "draft_hidden"],
         )
 
@@ -279,11 +317,19 @@ def _check_interface(
 class _OutputBuffers:
     """numpy arrays ORT writes a call's outputs into, bound while the call's shape (S, Q, N)
     repeats, as it does every decode step of a steady batch: no allocation, no binding and no
-    copy per step. A new shape allocates and binds new arrays."""
+    copy per step. A new shape allocates and binds new arrays. The `fixed` outputs (the pools
+    a graph writes in place) are bound to their arrays always: again after every rebinding,
+    which clears every output's binding."""
 
-    __slots__ = ("_specs", "_key", "_arrays")
+    __slots__ = ("_specs", "_key", "_arrays", "_fixed")
 
-    def __init__(self, session: ort.InferenceSession, names: list[str]) -> None:
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        names: list[str],
+        fixed: list[tuple[str, np.ndarray]] = (),
+    ) -> None:
+        self._fixed = list(fixed)
         meta = {o.name: o for o in session.get_outputs()}
         self._specs = []
         for name in names:
@@ -299,6 +345,9 @@ class _OutputBuffers:
         key = tuple(dims.values())
         if key != self._key:
             binding.clear_binding_outputs()
+            for name, array in self._fixed:
+                shape = list(array.shape)
+                binding.bind_output(name, "cpu", 0, array.dtype.type, shape, array.ctypes.data)
             self._arrays = []
             for name, dtype, element_type, shape in self._specs:
                 concrete = [dims[d] if isinstance(d, str) else d for d in shape]

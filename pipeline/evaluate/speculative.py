@@ -132,6 +132,11 @@ class _CountingRunner:
         return self.session.hidden
 
     @property
+    def scratch_block(self) -> int | None:
+        """The session's (set when its graph writes the pool): what its batches are built for."""
+        return self.session.scratch_block
+
+    @property
     def aux_hidden(self):
         """The last call's aux states (a session opened with aux=True: eagle)."""
         return self.session.aux_hidden

@@ -34,7 +34,9 @@ class DraftModelDrafter:
         self.sliding_window = sliding_window
 
     def observe(self, batch: Batch, chunks: Sequence[Chunk]) -> None:
-        """The target just ran `batch` (prefill chunks): the draft computes the same K/V."""
+        """The target just ran `batch` (prefill chunks): the draft computes the same K/V. Both
+        engines come from one build, so the batch's layout is the draft's too (a graph that
+        writes the pool addresses the draft pool's scratch block: same id, same block count)."""
         _, new_kv = self.session.run(batch)
         batch.write_kv(self.pool, new_kv)
         for chunk in chunks:
@@ -80,7 +82,8 @@ class DraftModelDrafter:
         seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed)
 
     def _step(self, feeds: list) -> list[int]:
-        batch = build_inputs(feeds, self.sliding_window)
+        scratch = getattr(self.session, "scratch_block", None)  # set: its graph writes the pool
+        batch = build_inputs(feeds, self.sliding_window, scratch_block=scratch)
         logits, new_kv = self.session.run(batch)  # [S, V]: each feed's last token
         batch.write_kv(self.pool, new_kv)
         return np.argmax(logits, axis=-1).tolist()

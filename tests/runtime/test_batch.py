@@ -106,19 +106,44 @@ def test_unallocated_positions_are_refused(pool):
 
 
 @pytest.mark.parametrize("window", [None, 3])
-def test_a_decode_call_matches_the_general_packing(window):
-    # Decode steps take a shorter path (one token per sequence); it must give the same arrays.
+@pytest.mark.parametrize("in_graph", [False, True])
+def test_a_decode_call_matches_the_general_packing(window, in_graph):
+    # Decode steps take a shorter path (one token per sequence); it must give the same arrays,
+    # in either layout (the graph writes its K/V, or returns them).
     rng = np.random.default_rng(0)
     pool = KVPool(num_layers=1, num_blocks=64, block_size=4, num_kv_heads=1, head_dim=2)
+    scratch = pool.scratch_block if in_graph else None
     seqs = []
     for length in (1, 4, 5, 13, 9):
         table = pool.new_block_table()
         table.slots_for(length)
         seqs.append((table, [int(rng.integers(320))], length - 1))
-    fast = build_inputs(seqs, sliding_window=window)
-    general = batch_module._general_inputs(seqs, window)
-    for name in ("input_ids", "positions", "block_tables", "context_lens", "attention_mask"):
+    fast = build_inputs(seqs, sliding_window=window, scratch_block=scratch)
+    general = batch_module._general_inputs(seqs, window, scratch)
+    names = ["input_ids", "positions", "block_tables", "context_lens", "attention_mask"]
+    for name in names + (["kv_slots"] if in_graph else []):
         np.testing.assert_array_equal(getattr(fast, name), getattr(general, name), err_msg=name)
     np.testing.assert_array_equal(fast.slots, general.slots)
     np.testing.assert_array_equal(fast.logits_indices, general.logits_indices)
     assert fast.real_rows is None and general.real_rows is None
+
+
+def test_inputs_for_a_graph_that_writes_the_pool():
+    # The tables list every block up to the call's last token; key slot j is position j, the
+    # call's own tokens included; kv_slots name each real row's (block, offset), padded rows
+    # the scratch block.
+    pool = KVPool(num_layers=1, num_blocks=8, block_size=2, num_kv_heads=1, head_dim=2)
+    a, b = pool.new_block_table(), pool.new_block_table()
+    a.slots_for(5)  # 2 tokens in the pool, 3 new: positions 2, 3, 4 (blocks 0, 1, 2)
+    b.slots_for(1)  # 1 new token, padded to 3 rows
+    batch = build_inputs([(a, [7, 8, 9], 2), (b, [4], 0)], scratch_block=pool.scratch_block)
+    assert batch.block_tables.tolist() == [a.block_ids[:3], [b.block_ids[0], 0, 0]]
+    mask = batch.attention_mask[:, 0]  # [S, Q, MB*B]
+    assert mask.shape == (2, 3, 6)
+    assert mask[0].tolist() == [[j <= p for j in range(6)] for p in (2, 3, 4)]
+    assert mask[1, 0].tolist() == [True] + [False] * 5
+    assert mask[1, 1:].tolist() == [[True] + [False] * 5] * 2  # padded rows: slot 0 only
+    slots = [(block, offset) for block, offset in batch.kv_slots.reshape(-1, 2).tolist()]
+    assert slots[:3] == [(a.block_ids[1], 0), (a.block_ids[1], 1), (a.block_ids[2], 0)]
+    assert slots[3] == (b.block_ids[0], 0)
+    assert slots[4:] == [(pool.scratch_block, 0)] * 2

@@ -26,7 +26,7 @@ from onnx import TensorProto, helper  # noqa: E402
 V, LAYERS, HKV, D, B = 320, 2, 2, 16, 4
 
 
-def write_graph(path, vocab=V, layers=LAYERS, logits_indices=True):
+def write_graph(path, vocab=V, layers=LAYERS, logits_indices=True, writes_pool=False):
     t = TensorProto
     inputs = [
         helper.make_tensor_value_info("input_ids", t.INT64, ["S", "Q"]),
@@ -62,8 +62,18 @@ def write_graph(path, vocab=V, layers=LAYERS, logits_indices=True):
     else:
         nodes.append(helper.make_node("Identity", ["all_logits"], ["logits"]))
         outputs = [helper.make_tensor_value_info("logits", t.FLOAT, ["S", "Q", vocab])]
+    if writes_pool:  # today's interface: the graph scatters its K/V into the pool itself
+        inputs.append(helper.make_tensor_value_info("kv_slots", t.INT64, ["S", "Q", 2]))
     for layer in range(layers):
         for kv in ("k", "v"):
+            if writes_pool:
+                out = f"{kv}_pool_out_{layer}"
+                node = helper.make_node(
+                    "ScatterND", [f"{kv}_pool_{layer}", "kv_slots", "kv"], [out]
+                )
+                nodes.append(node)
+                outputs.append(helper.make_tensor_value_info(out, t.FLOAT, ["NB", B, HKV, D]))
+                continue
             nodes.append(helper.make_node("Identity", ["kv"], [f"new_{kv}_{layer}"]))
             outputs.append(
                 helper.make_tensor_value_info(f"new_{kv}_{layer}", t.FLOAT, ["S", "Q", HKV, D])
@@ -116,6 +126,34 @@ def test_run_reads_the_bound_pool_live(tmp_path, logits_indices):
     pool.write(np.array([3, 9]), 0, np.full((2, HKV, D), 0.5, np.float32), np.zeros((2, HKV, D)))
     logits2, _ = session.run(batch)
     np.testing.assert_allclose(logits2 - logits, 2 * HKV * D * 0.5)
+
+
+def test_a_graph_that_writes_the_pool_writes_it_in_place(tmp_path):
+    """kv_slots in the graph: its ScatterND outputs are bound to the pool arrays, so each real
+    row's K/V (here: its position) lands in its slot and padded rows in the scratch block; the
+    session returns no K/V, and a batch built for the other layout is refused."""
+    pool = _pool()
+    session = EngineSession(
+        write_graph(tmp_path / "g.onnx", writes_pool=True), pool, {"intra_op_num_threads": 1}
+    )
+    assert session.writes_pool and session.scratch_block == pool.scratch_block == 8
+    tables = [pool.new_block_table() for _ in range(2)]
+    tables[0].slots_for(6)  # 2 blocks of 4: positions 4, 5 are new
+    tables[1].slots_for(1)
+    seqs = [(tables[0], [5, 6], 4), (tables[1], [7], 0)]  # sequence 1 padded to 2 rows
+    batch = build_inputs(seqs, scratch_block=session.scratch_block)
+    for array in pool.k + pool.v:
+        array[pool.scratch_block] = 99.0  # the padded row (position 0 in the batch) writes 0
+    for _ in range(2):  # the second call rebinds nothing and writes in place again
+        logits, new_kv = session.run(batch)
+        assert new_kv == [] and logits.shape == (2, V)
+    for layer in range(LAYERS):
+        for kind in "kv":
+            flat = getattr(pool, kind)[layer].reshape(-1, HKV, D)  # [(NB + 1) * B, Hkv, D]
+            np.testing.assert_array_equal(flat[batch.slots, 0, 0], [4, 5, 0])
+            assert flat[pool.scratch_block * B, 0, 0] == 0  # the padded row, in the scratch block
+    with pytest.raises(SessionError, match="built without the pool"):
+        session.run(build_inputs(seqs))
 
 
 def test_output_buffers_are_reused_while_the_call_shape_repeats(tmp_path):

@@ -185,7 +185,10 @@ class _Reference:
         table = self.pool.new_block_table()
         table.slots_for(len(token_ids))
         try:
-            self.session.run(build_inputs([(table, token_ids, 0)], self.window))
+            scratch = self.session.scratch_block
+            self.session.run(
+                build_inputs([(table, token_ids, 0)], self.window, scratch_block=scratch)
+            )
             return self.session.hidden[0].copy()
         finally:
             table.release()
