@@ -512,9 +512,13 @@ class _PagedCache:
             raise ExportError(f"k_pool_0 has type {pool.type} (expected one of {allowed})")
         self.kv_dtype, self.kv_name = _KV_TYPES[pool.type]
         self.session, self.num_layers = session, num_layers
+        # A graph with kv_slots writes each call's K/V into the pool itself (its outputs are
+        # the written pools); an older one returns them and this cache writes them.
+        self.writes_pool = "kv_slots" in spec
         per_seq = [-(-n // self.block) for n in lengths]  # ceil
         num_blocks = sum(per_seq) + 3  # spare blocks that no table names
         ids = rng.permutation(num_blocks)  # scattered, non-contiguous block ids
+        self.scratch = int(ids[-1])  # a spare block: where padded rows' K/V go
         self.tables = np.zeros((len(lengths), max(per_seq)), dtype=np.int64)
         start = 0
         for s, n in enumerate(per_seq):
@@ -560,19 +564,31 @@ class _PagedCache:
         past = self.tables.shape[1] * self.block
         ids = np.zeros((s_count, q), dtype=np.int64)
         positions = np.zeros((s_count, q), dtype=np.int64)
-        mask = np.zeros((s_count, 1, q, past + q), dtype=bool)  # [S, 1, Q, MB*B + Q]
+        # Key slots: the table's, then (a graph that returns its K/V) the call's own tokens.
+        width = past if self.writes_pool else past + q
+        mask = np.zeros((s_count, 1, q, width), dtype=bool)
+        kv_slots = np.zeros((s_count, q, 2), dtype=np.int64)
+        kv_slots[..., 0] = self.scratch  # padded rows write here
         for s, (chunk, ctx) in enumerate(zip(chunks, context, strict=True)):
             n = len(chunk)
             ids[s, :n], positions[s, :n] = chunk, ctx + np.arange(n)
-            key_pos = np.concatenate([np.arange(past), ctx + np.arange(q)])
-            key_ok = np.concatenate([np.arange(past) < ctx, np.arange(q) < n])
+            if self.writes_pool:  # table slot j is position j, the call's own tokens included
+                key_pos, key_ok = np.arange(past), np.arange(past) < ctx + n
+                where = positions[s, :n]
+                kv_slots[s, :n] = np.stack(
+                    [self.tables[s, where // self.block], where % self.block], -1
+                )
+            else:
+                key_pos = np.concatenate([np.arange(past), ctx + np.arange(q)])
+                key_ok = np.concatenate([np.arange(past) < ctx, np.arange(q) < n])
             for t in range(n):
                 allowed = key_ok & (key_pos <= ctx + t)
                 if window is not None:
                     allowed &= ctx + t - key_pos < window
                 mask[s, 0, t] = allowed
-            # Padding queries attend to themselves only: no all-False row, outputs ignored.
-            mask[s, 0, np.arange(n, q), past + np.arange(n, q)] = True
+            # Padding queries attend to one slot only: no all-False row, outputs ignored.
+            pad = np.arange(n, q)
+            mask[s, 0, pad, 0 if self.writes_pool else past + pad] = True
         feed = {
             "input_ids": ids,
             "positions": positions,
@@ -580,12 +596,17 @@ class _PagedCache:
             "context_lens": np.asarray(context, dtype=np.int64),
             "attention_mask": mask,
             "logits_indices": np.arange(s_count * q, dtype=np.int64),  # every row
+            **({"kv_slots": kv_slots} if self.writes_pool else {}),
             **self.pools,
         }
         names = [o.name for o in self.session.get_outputs()]
         out = dict(zip(names, self.session.run(names, feed), strict=True))
         for key in ("logits", "hidden"):  # [S*Q, X] -> [S, Q, X]
             out[key] = out[key].reshape(s_count, q, -1)
+        if self.writes_pool:  # unbound, the outputs are fresh copies of the written pools
+            for name in self.pools:
+                self.pools[name] = out[name.replace("_pool_", "_pool_out_")]
+            return out
         hkv, d = self.pools["k_pool_0"].shape[2:]
         for key in [n for n in names if n.startswith("new_")]:  # [S, Q, Hkv*D] -> [..., Hkv, D]
             out[key] = out[key].reshape(s_count, q, hkv, d)

@@ -4,13 +4,25 @@ Graph interface (the contract with the runtime; see docs/design.md, "Graph inter
 
     inputs   input_ids [S, Q] int64, positions [S, Q] int64,
              k_pool_{l}, v_pool_{l} [NB, B, Hkv, D] (pool type), block_tables [S, MB] int64,
-             context_lens [S] int64, attention_mask [S, 1, Q, MB*B + Q] bool (True = attend),
+             context_lens [S] int64, attention_mask [S, 1, Q, MB*B] bool (True = attend),
              logits_indices [N] int64 (rows of the call's S*Q tokens, s*Q + q, to compute
-             logits for)
+             logits for), kv_slots [S, Q, 2] int64 (each row's block and offset in the pool)
     outputs  logits [N, V] f32, hidden [N, hidden] f32 (final-norm output of those rows),
-             new_k_{l}, new_v_{l} [S, Q, Hkv*D] (kv dtype; K already rotated),
+             k_pool_out_{l}, v_pool_out_{l} [NB, B, Hkv, D]: the pools with the call's K/V
+             (K rotated) written at kv_slots, which the runtime binds to the pools' own memory,
              with `aux_layers` (EAGLE-3) also aux_hidden [S, Q, 3*hidden] f32: the residual
              streams entering those layers, concatenated, for every row of the call
+
+The graph writes the call's K/V into the pool itself (ScatterND), then gathers every position
+it attends to, its own tokens included, from the pool: no Concat of the past with the new K/V.
+ScatterND's output is a graph output the runtime binds to the pool input's memory, and ONNX
+Runtime's kernel skips its copy of the input when the two are one buffer, so the write is in
+place (benchmarks/results/kernel_ceiling.md). Run without that binding, the graph is still
+correct: the outputs are then fresh copies of the pools. An fp8 pool keeps the older form
+(below): its codes are FLOAT8E4M3FN and its pool uint8 bytes, and opset 23 has no BitCast to
+scatter the one into the other. That form returns new_k_{l}, new_v_{l} [S, Q, Hkv*D] (kv
+dtype) for the runtime to write, has no kv_slots, and its mask is [S, 1, Q, MB*B + Q]: the
+past's table slots, then the call's own tokens.
 
 kv dtype fp32 / fp16: the pool holds the values. int8 / fp8 (`kv_quant.py`): the pool holds codes
 with per-head scales; the graph quantizes the new K/V (QuantizeLinear) and dequantizes what it
@@ -18,8 +30,9 @@ attends to. An fp8 pool is typed uint8 (the E4M3FN bytes): opset 23 has no Gathe
 for float8 types (BitCast is opset 26, and ONNX Runtime 1.32 has no CPU kernel for it), so the
 gathered bytes are decoded through a 256-entry table, which is DequantizeLinear's arithmetic.
 
-The graph never writes the pool: the runtime scatters new_k/new_v by slot, so rejected draft
-tokens are simply never written. The mask carries causality, context lengths, padding and any
+Rejected draft tokens are written like any other, beyond where the runtime then cuts the
+sequence's table: later tokens overwrite them before any mask shows them. The mask carries
+causality, context lengths, padding and any
 sliding window, so the graph needs no notion of them and ``Attention`` never uses ``is_causal``.
 Attention runs on 3-D [S, T, H*D] tensors (``q_num_heads`` / ``kv_num_heads``), so no layer
 transposes its queries, keys, values or output; a decode step computes lm_head for one row
@@ -206,8 +219,11 @@ def _build(
     g.input("context_lens", TensorProto.INT64, ["S"])  # the mask encodes it; kept for the runtime
     mask = g.input("attention_mask", TensorProto.BOOL, ["S", 1, "Q", "KV"])
     rows = g.input("logits_indices", TensorProto.INT64, ["N"])
+    # Where each row's K/V go: the graph writes the pool (module doc), but for an fp8 pool.
+    writes_pool = kv_dtype != "fp8"
+    kv_slots = g.input("kv_slots", TensorProto.INT64, ["S", "Q", 2]) if writes_pool else None
 
-    consts = shared_tensors(g, cfg, max_seq_len, kv_dtype)
+    consts = shared_tensors(g, cfg, max_seq_len, kv_dtype, kv_slots)
 
     # One part of the model alive at a time: each is written, then let go (`del`) before the
     # next is read, so a disk source never holds two.
@@ -239,8 +255,11 @@ def _build(
         g.op("Concat", aux, "aux_hidden/Concat", out="aux_hidden", axis=-1)  # [S, Q, 3*hidden]
         g.output("aux_hidden", TensorProto.FLOAT, ["S", "Q", len(aux) * h])
     for i in range(cfg.num_layers):
-        g.output(f"new_k_{i}", kv_type, ["S", "Q", hkv * d])
-        g.output(f"new_v_{i}", kv_type, ["S", "Q", hkv * d])
+        for kind in "kv":
+            if writes_pool:
+                g.output(f"{kind}_pool_out_{i}", pool_type, ["NB", bs, hkv, d])
+            else:
+                g.output(f"new_{kind}_{i}", kv_type, ["S", "Q", hkv * d])
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,19 +270,27 @@ class SharedTensors:
     sin: str
     past: str  # reshape target: gathered blocks -> [S, MB*B, Hkv*D]
     fp8_values: str | None = None  # [256] float32: the value of each E4M3FN byte (fp8 pools)
+    # The graph writes its K/V into the pool: the `kv_slots` input [S, Q, 2], and the reshape
+    # target [S, Q, Hkv*D] -> [S, Q, Hkv, D] of what it scatters. None: it returns them.
+    kv_slots: str | None = None
+    kv_rows: str | None = None
 
 
 def shared_tensors(
-    g: GraphBuilder, cfg: ModelConfig, max_seq_len: int, kv_dtype: str
+    g: GraphBuilder, cfg: ModelConfig, max_seq_len: int, kv_dtype: str, kv_slots: str | None = None
 ) -> SharedTensors:
     """The RoPE tables (computed exactly as the IR computes cos / sin) and the constants every
-    layer's attention reads."""
+    layer's attention reads; with `kv_slots` (an input) the layers write their K/V into the
+    pool there, else they return them."""
     angles = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_frequencies(cfg)
+    rows = [0, 0, cfg.num_kv_heads, cfg.head_dim]
     return SharedTensors(
         cos=g.array("rope.cos_cache", angles.cos().numpy()),  # [max_seq_len, D/2]
         sin=g.array("rope.sin_cache", angles.sin().numpy()),
         past=g.ints("shape.past", [0, -1, cfg.num_kv_heads * cfg.head_dim]),
         fp8_values=_fp8_values(g) if kv_dtype == "fp8" else None,
+        kv_slots=kv_slots,
+        kv_rows=g.ints("shape.kv_rows", rows) if kv_slots is not None else None,
     )
 
 
@@ -286,19 +313,21 @@ def _layer(g, layer, i, x, positions, pool, tables, mask, c: SharedTensors, kv_t
 
 def attention(g, attn, i, h, positions, pool, tables, mask, c: SharedTensors, kv_type) -> str:
     """Layer i's attention block through o_proj; h: the normed input [S, Q, in] -> [S, Q,
-    hidden]. Writes the graph outputs new_k_{i} / new_v_{i} (the call's K, rotated, and V)."""
+    hidden]. Writes the graph outputs {k,v}_pool_out_{i} (the pools with the call's K, rotated,
+    and V scattered in) when `c.kv_slots`, else new_k_{i} / new_v_{i} (those K and V)."""
     hq, hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
     a = f"layers.{i}.attn"
     fp32_kv = kv_type == TensorProto.FLOAT  # a quantized pool's outputs are never float
+    returns_kv = c.kv_slots is None
     projections = [attn.q_proj, attn.k_proj, attn.v_proj]
-    # V is a graph output as it comes (fp32 pool); K is one after RoPE.
-    v_out = f"new_v_{i}" if fp32_kv else None
+    # V is a graph output as it comes (fp32 pool, K/V returned); K is one after RoPE.
+    v_out = f"new_v_{i}" if fp32_kv and returns_kv else None
     q, k, v = emit_linears(
         g, h, projections, [f"{a}.{p}_proj" for p in "qkv"], f"{a}.qkv_proj", [None, None, v_out]
     )  # [S, Q, Hq*D], [S, Q, Hkv*D], [S, Q, Hkv*D]
     # 3D RotaryEmbedding (num_heads attr) rotates [S, Q, H*D] in place of a reshape round trip.
     q = g.op("RotaryEmbedding", [q, c.cos, c.sin, positions], f"{a}/rope_q", num_heads=hq)
-    k_out = f"new_k_{i}" if fp32_kv else None
+    k_out = f"new_k_{i}" if fp32_kv and returns_kv else None
     k = g.op(
         "RotaryEmbedding", [k, c.cos, c.sin, positions], f"{a}/rope_k", out=k_out, num_heads=hkv
     )
@@ -311,10 +340,9 @@ def attention(g, attn, i, h, positions, pool, tables, mask, c: SharedTensors, kv
         if not fp32_kv:
             # Round the new K/V to the pool dtype before attending, so a token sees exactly
             # what later tokens will read back from the pool: results don't depend on chunking.
-            new = g.op("Cast", [new], f"{a}/new_{kind}_cast", out=f"new_{kind}_{i}", to=kv_type)
-        past = g.op("Gather", [pool_in, tables], f"{a}/{kind}_gather", axis=0)  # [S, MB, B, Hkv, D]
-        past = g.op("Reshape", [past, c.past], f"{a}/{kind}_past")  # [S, MB*B, Hkv*D]
-        full = g.op("Concat", [past, new], f"{a}/{kind}_concat", axis=1)  # [S, MB*B+Q, Hkv*D]
+            out = f"new_{kind}_{i}" if returns_kv else None
+            new = g.op("Cast", [new], f"{a}/new_{kind}_cast", out=out, to=kv_type)
+        full = _keys_or_values(g, a, kind, i, new, pool_in, tables, c)  # [S, KV, Hkv*D]
         if not fp32_kv:
             full = g.op("Cast", [full], f"{a}/{kind}_f32", to=TensorProto.FLOAT)
         keys_values.append(full)
@@ -328,6 +356,25 @@ def attention(g, attn, i, h, positions, pool, tables, mask, c: SharedTensors, kv
         scale=1.0 / math.sqrt(d),
     )  # [S, Q, Hq*D]
     return emit_linear(g, ctx, attn.o_proj, f"{a}.o_proj")  # [S, Q, hidden]
+
+
+def _keys_or_values(
+    g: GraphBuilder, a: str, kind: str, i: int, new: str, pool: str, tables: str, c: SharedTensors
+) -> str:
+    """Every key (or value) the call's tokens attend to, [S, KV, Hkv*D] in the pool's type,
+    from `new` [S, Q, Hkv*D] (as the pool stores it). With `c.kv_slots` the graph writes `new`
+    into the pool (the output {kind}_pool_out_{i}) and gathers all KV = MB*B table slots from
+    it; else it gathers the past's table slots and concatenates `new` after them."""
+    if c.kv_slots is not None:
+        rows = g.op("Reshape", [new, c.kv_rows], f"{a}/{kind}_rows")  # [S, Q, Hkv, D]
+        pool = g.op(
+            "ScatterND", [pool, c.kv_slots, rows], f"{a}/{kind}_write", out=f"{kind}_pool_out_{i}"
+        )  # [NB, B, Hkv, D]: bound to the pool input's memory by the runtime
+    past = g.op("Gather", [pool, tables], f"{a}/{kind}_gather", axis=0)  # [S, MB, B, Hkv, D]
+    past = g.op("Reshape", [past, c.past], f"{a}/{kind}_past")  # [S, MB*B, Hkv*D]
+    if c.kv_slots is not None:
+        return past
+    return g.op("Concat", [past, new], f"{a}/{kind}_concat", axis=1)  # [S, MB*B+Q, Hkv*D]
 
 
 def mlp(g: GraphBuilder, module: torch.nn.Module, m: str, h: str) -> str:
@@ -369,19 +416,19 @@ def _quantized_kv(
         "QuantizeLinear",
         [new, channel_scale, zero],
         f"{a}/new_{kind}_quant",
-        out=f"new_{kind}_{i}",
+        out=f"new_{kind}_{i}" if c.kv_slots is None else None,
         axis=-1,
         saturate=1,
     )  # [S, Q, Hkv*D] int8 | float8e4m3fn
-    past = g.op("Gather", [pool, tables], f"{a}/{kind}_gather", axis=0)  # [S, MB, B, Hkv, D]
-    past = g.op("Reshape", [past, c.past], f"{a}/{kind}_past")  # [S, MB*B, Hkv*D] codes
     if dtype == "int8":
-        full = g.op("Concat", [past, codes], f"{a}/{kind}_concat", axis=1)  # [S, KV, Hkv*D]
+        full = _keys_or_values(g, a, kind, i, codes, pool, tables, c)  # [S, KV, Hkv*D] codes
         return g.op(
             "DequantizeLinear", [full, channel_scale, zero], f"{a}/{kind}_dequant", axis=-1
         )  # [S, KV, Hkv*D] float32
     # fp8: the past is uint8 bytes (no float8 Gather / Concat in opset 23): byte -> its E4M3FN
     # value by table, times the scale, which is DequantizeLinear's float(code) * scale.
+    past = g.op("Gather", [pool, tables], f"{a}/{kind}_gather", axis=0)  # [S, MB, B, Hkv, D]
+    past = g.op("Reshape", [past, c.past], f"{a}/{kind}_past")  # [S, MB*B, Hkv*D] codes
     index = g.op("Cast", [past], f"{a}/{kind}_past_index", to=TensorProto.INT32)
     values = g.op("Gather", [c.fp8_values, index], f"{a}/{kind}_past_values", axis=0)
     past = g.op("Mul", [values, channel_scale], f"{a}/{kind}_past_dequant")  # [S, MB*B, Hkv*D]

@@ -35,20 +35,22 @@ def exported(tmp_path_factory):
 
 
 def _feed(num_layers: int = 2, context: int = 5, q: int = 3) -> dict[str, np.ndarray]:
-    """Two sequences, each with `context` tokens already in (scattered) pool blocks."""
+    """Two sequences, each with `context` tokens already in (scattered) pool blocks; the graph
+    writes the call's `q` tokens into the same blocks and attends to all of them."""
     rng = np.random.default_rng(0)
-    tables = np.array([[3, 0], [1, 4]], dtype=np.int64)  # [S, MB]
-    past = tables.shape[1] * BLOCK
-    mask = np.zeros((2, 1, q, past + q), dtype=bool)
-    mask[:, :, :, :context] = True
-    mask[:, 0, :, past:] = np.tril(np.ones((q, q), dtype=bool))
+    tables = np.array([[3, 0], [1, 4]], dtype=np.int64)  # [S, MB]: positions 0 .. 15
+    positions = np.tile(context + np.arange(q), (2, 1))  # [S, Q]
+    key = np.arange(tables.shape[1] * BLOCK)
+    mask = key[None, None, None, :] <= positions[:, None, :, None]  # [S, 1, Q, MB*B]: causal
+    kv_slots = np.stack([tables[[[0], [1]], positions // BLOCK], positions % BLOCK], axis=-1)
     feed = {
         "input_ids": rng.integers(0, 320, (2, q)),
-        "positions": np.tile(context + np.arange(q), (2, 1)),
+        "positions": positions,
         "block_tables": tables,
         "context_lens": np.full(2, context, dtype=np.int64),
         "attention_mask": mask,
         "logits_indices": np.arange(2 * q, dtype=np.int64),  # every row
+        "kv_slots": kv_slots,  # [S, Q, 2]: block, offset
     }
     for layer in range(num_layers):
         for kind in "kv":
@@ -107,10 +109,11 @@ def test_optimized_weights_are_external_and_relative(exported, tmp_path):
         assert {e.key: e.value for e in tensor.external_data}["location"] == "model.onnx.data"
     inline = sum(len(t.raw_data) for t in graph.initializer)
     assert inline < 16 * 1024  # only shape constants stay in the .onnx
-    assert [i.name for i in graph.input][-3:] == [
+    assert [i.name for i in graph.input][-4:] == [
         "context_lens",
         "attention_mask",
         "logits_indices",
+        "kv_slots",
     ]
 
 

@@ -101,20 +101,23 @@ def test_graph_is_valid_and_interface_exact(checkpoints, tmp_path):
     names = [i["name"] for i in info["inputs"]]
     assert names == [
         "input_ids", "positions", "k_pool_0", "v_pool_0", "k_pool_1", "v_pool_1",
-        "block_tables", "context_lens", "attention_mask", "logits_indices",
+        "block_tables", "context_lens", "attention_mask", "logits_indices", "kv_slots",
     ]  # fmt: skip
     outputs = [o["name"] for o in info["outputs"]]
-    assert outputs == ["logits", "hidden", "new_k_0", "new_v_0", "new_k_1", "new_v_1"]
+    assert outputs == [
+        "logits", "hidden", "k_pool_out_0", "v_pool_out_0", "k_pool_out_1", "v_pool_out_1",
+    ]  # fmt: skip
     assert info["inputs"][2]["shape"] == ["NB", 16, 2, 16]
-    assert info["inputs"][-2] == {
+    assert info["inputs"][-3] == {
         "name": "attention_mask",
         "dtype": "bool",
         "shape": ["S", 1, "Q", "KV"],
     }
-    assert info["inputs"][-1] == {"name": "logits_indices", "dtype": "int64", "shape": ["N"]}
+    assert info["inputs"][-2] == {"name": "logits_indices", "dtype": "int64", "shape": ["N"]}
+    assert info["inputs"][-1] == {"name": "kv_slots", "dtype": "int64", "shape": ["S", "Q", 2]}
     shapes = {o["name"]: o["shape"] for o in info["outputs"]}
     assert shapes["logits"] == ["N", model.cfg.vocab_size]
-    assert shapes["new_k_0"] == ["S", "Q", 2 * 16]
+    assert shapes["k_pool_out_0"] == ["NB", 16, 2, 16]  # the pool, the call's K/V written in
     assert {k: info[k] for k in ("path", "opset", "num_layers", "kv_block_size", "kv_dtype")} == {
         "path": "model.onnx",
         "opset": 23,
@@ -135,6 +138,7 @@ def test_graph_is_valid_and_interface_exact(checkpoints, tmp_path):
             # 3-D [S, T, H*D] inputs: the heads are attributes, no layer transposes.
             assert (attrs["q_num_heads"], attrs["kv_num_heads"]) == (4, 2)
     assert "Transpose" not in ops
+    assert "Concat" not in ops  # the graph writes its K/V into the pool, then gathers them
 
 
 def test_external_data_is_relative_and_complete(checkpoints, tmp_path):

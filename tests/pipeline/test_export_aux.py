@@ -2,7 +2,6 @@
 entering the chosen layers, for every row of the call, as the IR computes them."""
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
 
@@ -12,6 +11,7 @@ from ingot.pipeline.model.load import load_model
 from ingot.pipeline.model.rope import cos_sin
 from ingot.runtime.batch import build_inputs
 from ingot.runtime.kv_pool import KVPool
+from ingot.runtime.session import EngineSession
 
 from fixtures import make_checkpoint
 
@@ -41,7 +41,6 @@ def test_aux_hidden_is_the_irs_residual_streams(model, tmp_path):
     assert {"name": "aux_hidden", "dtype": "float32", "shape": ["S", "Q", 3 * 64]} in [
         {k: o[k] for k in ("name", "dtype", "shape")} for o in info["outputs"]
     ]
-    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     ids = torch.randint(2, model.cfg.vocab_size, (20,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         streams = _entering(model, ids)
@@ -50,25 +49,17 @@ def test_aux_hidden_is_the_irs_residual_streams(model, tmp_path):
     # Two chunks, the second reading the first's K/V from the pool, as the runtime runs them.
     cfg = model.cfg
     pool = KVPool(cfg.num_layers, 8, 8, cfg.num_kv_heads, cfg.head_dim, np.float32)
+    session = EngineSession(tmp_path / "model.onnx", pool, aux=True)
     table = pool.new_block_table()
     table.slots_for(20)
     got = []
     for start, end in ((0, 12), (12, 20)):
-        batch = build_inputs([(table, ids[start:end].tolist(), start)])
-        feed = {
-            "input_ids": batch.input_ids,
-            "positions": batch.positions,
-            "block_tables": batch.block_tables,
-            "context_lens": batch.context_lens,
-            "attention_mask": batch.attention_mask,
-            "logits_indices": batch.logits_indices,
-        }
-        for layer in range(cfg.num_layers):
-            feed[f"k_pool_{layer}"], feed[f"v_pool_{layer}"] = pool.k[layer], pool.v[layer]
-        names = ["aux_hidden"] + [f"new_{kv}_{i}" for i in range(cfg.num_layers) for kv in "kv"]
-        aux, *kv = session.run(names, feed)
-        batch.write_kv(pool, [(kv[2 * i], kv[2 * i + 1]) for i in range(cfg.num_layers)])
-        got.append(aux[0])  # [Q, 3*hidden]
+        batch = build_inputs(
+            [(table, ids[start:end].tolist(), start)], scratch_block=session.scratch_block
+        )
+        _, new_kv = session.run(batch)
+        batch.write_kv(pool, new_kv)  # nothing to write when the graph wrote the pool
+        got.append(session.aux_hidden.copy())  # [Q, 3*hidden]
     got = np.concatenate(got)
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
 

@@ -181,14 +181,27 @@ def drop_rope(graph, layer=1, which="q"):
 
 
 def unrotated_keys_in_pool(graph, layer=0):
-    """The call attends to rotated keys but hands the runtime unrotated ones to store: only a
-    later call, reading them back from the pool, can tell."""
+    """Unrotated keys stored in the pool. A graph that returns its K/V attends to rotated keys
+    but hands the runtime unrotated ones to store: only a later call, reading them back from the
+    pool, can tell. A graph that writes the pool scatters unrotated keys (and attends to them)."""
     a = f"layers.{layer}.attn"
+    unrotated = _node(graph, f"{a}/rope_k").input[0]  # [S, Q, Hkv*D], as new_k
     out = f"new_k_{layer}"
+    if not any(out in n.output for n in graph.node):  # the graph writes the pool
+        rows = _node(graph, f"{a}/k_rows")  # Reshape of what ScatterND writes
+        [producer] = [n for n in graph.node if rows.input[0] in n.output]
+        if producer.op_type == "RotaryEmbedding":  # fp32 pool
+            rows.input[0] = unrotated
+        else:  # the Cast (fp16) or QuantizeLinear (int8) of the rotated keys
+            wrong = copy.deepcopy(producer)
+            wrong.name, wrong.input[0] = f"{a}/k_unrotated", unrotated
+            wrong.output[0] = rows.input[0] = f"{a}/k_unrotated"
+            graph.node.extend([wrong])
+        _toposort(graph)
+        return
     [producer] = [n for n in graph.node if out in n.output]  # rope_k (fp32) or its Cast
     producer.output[list(producer.output).index(out)] = f"{out}/attended"
     _rewire(graph, out, f"{out}/attended")
-    unrotated = _node(graph, f"{a}/rope_k").input[0]  # [S, Q, Hkv*D], as new_k
     if producer.op_type == "Cast":  # fp16 pool
         wrong = copy.deepcopy(producer)
         wrong.name, wrong.input[0], wrong.output[0] = f"{a}/new_k_unrotated", unrotated, out

@@ -72,7 +72,10 @@ def test_interface_and_scales(checkpoints, tmp_path, dtype):
     types = {t["name"]: t["dtype"] for t in info["inputs"] + info["outputs"]}
     pool, new = POOL_TYPES[dtype]
     assert types["k_pool_1"] == types["v_pool_0"] == pool
-    assert types["new_k_0"] == types["new_v_1"] == new
+    if dtype == "int8":  # the graph writes its codes into the pool: its outputs are the pools
+        assert types["k_pool_out_0"] == types["v_pool_out_1"] == pool == new
+    else:  # fp8 codes cannot be scattered into a uint8 pool: the runtime stores them
+        assert types["new_k_0"] == types["new_v_1"] == new
     assert info["kv_dtype"] == dtype and info["kv_scales"] == scales.to_json()
     assert np.array(info["kv_scales"]["k"]).shape == (2, 2)  # [layers, kv heads]
     graph = onnx.load(str(tmp_path / "model.onnx"))  # with its data
@@ -137,12 +140,15 @@ def test_optimized_engine_keeps_the_quantize_and_dequantize_nodes(checkpoints, t
     graph = onnx.load(str(engine / "model.onnx"), load_external_data=False).graph
     ops = Counter(n.op_type for n in graph.node)
     layers = model.cfg.num_layers
-    # Per layer: K and V quantized (the outputs the runtime stores) and dequantized for
-    # Attention (int8: past + new at once; fp8: the new values, the past by byte table).
+    # Per layer: K and V quantized (int8: the codes the graph writes into the pool; fp8: the
+    # outputs the runtime stores) and dequantized for Attention (int8: every slot gathered
+    # from the pool at once; fp8: the new values, the past by byte table).
     assert ops["QuantizeLinear"] == ops["DequantizeLinear"] == 2 * layers
     kinds = {o.name: o.type.tensor_type.elem_type for o in graph.output}
-    expected = onnx.TensorProto.INT8 if dtype == "int8" else onnx.TensorProto.FLOAT8E4M3FN
-    assert kinds["new_k_0"] == kinds["new_v_1"] == expected
+    if dtype == "int8":
+        assert kinds["k_pool_out_0"] == kinds["v_pool_out_1"] == onnx.TensorProto.INT8
+    else:
+        assert kinds["new_k_0"] == kinds["new_v_1"] == onnx.TensorProto.FLOAT8E4M3FN
     attach_kv_scales(model, scales)
     report = check_export(model, engine / "model.onnx")  # ORT's kernels, the optimized graph
     assert report["greedy_match"] and report["max_rel_logit_diff"] <= 2e-4
