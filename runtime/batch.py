@@ -135,9 +135,7 @@ def _general_inputs(
         num_new[s] = n
         slots.append(slots_of(table.block_ids, block_size, positions[s, :n]))
 
-    query = np.arange(q_len)  # [Q]
-    real_query = query[None, :] < num_new[:, None]  # [S, Q]
-    key_pos = np.arange(past_len)  # [K]
+    real_query = np.arange(q_len)[None, :] < num_new[:, None]  # [S, Q]
     first_row = np.arange(num_seqs, dtype=np.int64) * q_len  # [S]
     real_rows = None
     if not real_query.all():
@@ -153,25 +151,57 @@ def _general_inputs(
         real_rows,
     )
     if in_graph:
-        # Table slot j holds position j, the call's own tokens included: causal over positions.
-        mask = key_pos[None, None, :] <= positions[:, :, None]  # [S, Q, K]
-        if sliding_window is not None:
-            mask &= positions[:, :, None] - key_pos[None, None, :] < sliding_window
-        mask &= real_query[:, :, None]
-        # A padded query row attends to slot 0 only (always listed), so its softmax stays
-        # finite; its K/V go to the scratch block.
-        pad_s, pad_q = np.nonzero(~real_query)
-        mask[pad_s, pad_q, 0] = True
-        flat = np.concatenate(slots)
-        kv_slots = np.empty((num_seqs, q_len, 2), dtype=np.int64)
-        kv_slots[..., 0], kv_slots[..., 1] = scratch_block, 0
-        rows = np.nonzero(real_query)  # row-major: sequence by sequence, as `slots`
-        kv_slots[rows[0], rows[1], 0] = flat // block_size
-        kv_slots[rows[0], rows[1], 1] = flat % block_size
-        batch.attention_mask, batch.kv_slots = mask[:, None], kv_slots
-        return batch
+        batch.attention_mask = _table_mask(positions, real_query, past_len, sliding_window)
+        batch.kv_slots = _kv_slots(batch.slots, real_query, block_size, scratch_block)
+    else:
+        batch.attention_mask = _past_and_new_mask(
+            positions, real_query, context_lens, past_len, sliding_window
+        )
+    return batch
 
+
+def _table_mask(
+    positions: np.ndarray, real_query: np.ndarray, num_keys: int, sliding_window: int | None
+) -> np.ndarray:
+    """[S, 1, Q, K] for a graph that writes the pool: table slot j holds position j, the call's
+    own tokens included, so a query sees the real slots at or before its position."""
+    key_pos = np.arange(num_keys)  # [K]
+    mask = key_pos[None, None, :] <= positions[:, :, None]  # [S, Q, K]
+    if sliding_window is not None:
+        mask &= positions[:, :, None] - key_pos[None, None, :] < sliding_window
+    mask &= real_query[:, :, None]
+    # A padded query row attends to slot 0 only (always listed), so its softmax stays finite.
+    pad_s, pad_q = np.nonzero(~real_query)
+    mask[pad_s, pad_q, 0] = True
+    return mask[:, None]
+
+
+def _kv_slots(
+    slots: np.ndarray, real_query: np.ndarray, block_size: int, scratch_block: int
+) -> np.ndarray:
+    """[S, Q, 2] (block, offset) of each row: a real row's slot (`slots`, in row-major order,
+    sequence by sequence), a padded row's the scratch block."""
+    kv_slots = np.empty((*real_query.shape, 2), dtype=np.int64)
+    kv_slots[..., 0], kv_slots[..., 1] = scratch_block, 0
+    rows = np.nonzero(real_query)  # row-major: the order of `slots`
+    kv_slots[rows[0], rows[1], 0] = slots // block_size
+    kv_slots[rows[0], rows[1], 1] = slots % block_size
+    return kv_slots
+
+
+def _past_and_new_mask(
+    positions: np.ndarray,
+    real_query: np.ndarray,
+    context_lens: np.ndarray,
+    num_past: int,
+    sliding_window: int | None,
+) -> np.ndarray:
+    """[S, 1, Q, K + Q] for a graph that returns its K/V: K past table slots, then the call's
+    own Q tokens."""
+    q_len = real_query.shape[1]
+    query = np.arange(q_len)  # [Q]
     # Past keys: slot j holds position j; visible if already in the pool.
+    key_pos = np.arange(num_past)  # [K]
     past = key_pos[None, None, :] < context_lens[:, None, None]  # [S, 1, K]
     past = past & real_query[:, :, None]  # [S, Q, K]
     # New keys: causal among the real new tokens.
@@ -186,9 +216,7 @@ def _general_inputs(
     # A padded query row attends to its own slot only, so its softmax stays finite.
     pad_s, pad_q = np.nonzero(~real_query)
     new[pad_s, pad_q, pad_q] = True
-
-    batch.attention_mask = np.concatenate([past, new], axis=-1)[:, None]  # [S, 1, Q, K + Q]
-    return batch
+    return np.concatenate([past, new], axis=-1)[:, None]  # [S, 1, Q, K + Q]
 
 
 def _decode_inputs(

@@ -1,11 +1,11 @@
 """The generation loop: the scheduler decides each step, the generator runs it and samples.
 
 One step is at most one decode-batch call and one prefill-chunk call of the engine session
-(see scheduler.py for who gets which tokens). After each call the new keys and values are
-scattered into the pool, full blocks are offered to the prefix cache, and every sequence whose
-chunk completed it samples its next token (its logits through the request's LogitsProcessor
-first: penalties, logit_bias, min_tokens, structured output), which is detokenized and checked
-against its stop conditions.
+(see scheduler.py for who gets which tokens). Each call's new keys and values reach the pool
+(the engine writes them itself, or an fp8 engine returns them and they are scattered), full
+blocks are offered to the prefix cache, and every sequence whose chunk completed it samples its
+next token (its logits through the request's LogitsProcessor first: penalties, logit_bias,
+min_tokens, structured output), which is detokenized and checked against its stop conditions.
 
 With speculation (runtime/speculative/), the decode call also verifies drafts: each request's
 last token and up to k drafted tokens go in (slots reserved for all of them; k is cut so that
@@ -14,7 +14,8 @@ the call, padded to its longest row, fits what the scheduled tokens left of
 every row come out, and the rows are read in order: row i either accepts draft i+1 (greedy:
 it is the argmax; sampled: `sample_verified`, so the output distribution is the target's) or
 emits its own token and ends the request's step; a row past every accepted draft emits the
-bonus token. Only the K/V of the tokens kept are written; the table is cut back to them.
+bonus token. The table is cut back to the tokens kept (an engine that writes the pool wrote
+every row, the rest beyond the cut; for an fp8 engine only the kept rows are written).
 
 A drafter that reads the target's hidden state (`needs_hidden`: Medusa heads) gets each
 sequence's row of the call that produced its last token, copied into `SequenceState.last_hidden`
