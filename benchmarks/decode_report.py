@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from machine import load_line
 from paths import write_report_files
 
 __all__ = ["TARGET_FRACTION", "target_verdict", "write_reports"]
@@ -78,7 +79,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         _target_line(report["target"]),
         "",
-        _load_line(report["host_load"], report.get("refused")),
+        load_line(report["host_load"], report.get("refused")),
     ]
     notes = _notes(models)
     if notes:
@@ -275,15 +276,6 @@ def _errors(models: dict[str, Any]) -> list[str]:
             if not record.get("ok"):
                 errors.append(f"{name} / {what}: `{_one_line(record.get('error', '?'))}`")
     return errors
-
-
-def _load_line(load: dict[str, Any], refused: str | None) -> str:
-    samples = load["load_1min_samples"]
-    line = (
-        f"Host load (1-min load average, sampled between cases): max {max(samples):.1f}, "
-        f"{len(samples)} samples, {load['threads']} benchmark threads"
-    )
-    return line + (f": REFUSED ({refused})." if refused else ": quiet enough.")
 
 
 def _match(match: dict[str, int] | None) -> str:

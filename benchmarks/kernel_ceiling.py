@@ -46,7 +46,7 @@ from onnx import TensorProto, helper, numpy_helper
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # sibling helper modules; benchmarks/ is not a package
 
-from machine import LoadWatch, machine_info, measure_bandwidth  # noqa: E402
+from machine import LoadWatch, load_line, machine_info, measure_bandwidth  # noqa: E402
 from paths import write_report_files  # noqa: E402
 
 # Llama-3.2-1B's decode linears, ingot's fused layout: (name, K, N).
@@ -400,19 +400,10 @@ def _markdown(report: dict[str, Any]) -> str:
         "|---|---:|",
         *[f"| {r['case']} | {r['us_per_layer']} |" for r in ap["rows"]],
         "",
-        _load_line(report),
+        load_line(report["load"], report["refused"]),
         "",
     ]
     return "\n".join(lines)
-
-
-def _load_line(report: dict[str, Any]) -> str:
-    samples = report["load"]["load_1min_samples"]
-    verdict = f"**REFUSED**: {report['refused']}" if report["refused"] else "quiet enough"
-    return (
-        f"Host load (1-minute average, sampled between cases): max {max(samples):.1f}, "
-        f"{report['load']['threads']} benchmark threads: {verdict}."
-    )
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -13,7 +13,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LoadWatch", "machine_info", "measure_bandwidth", "memory_status", "wait_idle"]
+__all__ = [
+    "LoadWatch",
+    "load_line",
+    "machine_info",
+    "measure_bandwidth",
+    "memory_status",
+    "wait_idle",
+]
 
 _LIBRARIES = ("numpy", "torch", "onnxruntime", "onnx", "transformers", "tokenizers", "ingot")
 _BANDWIDTH_BYTES = 1 << 30  # 1 GiB: far larger than any cache, so every pass streams from DRAM
@@ -54,6 +61,17 @@ class LoadWatch:
 
     def record(self) -> dict[str, Any]:
         return {"threads": self.threads, "load_1min_samples": [round(v, 2) for v in self.samples]}
+
+
+def load_line(load: dict[str, Any], refused: str | None) -> str:
+    """The report's line on the host load: `load` is LoadWatch.record(), `refused` its
+    refusal()."""
+    samples = load["load_1min_samples"]
+    line = (
+        f"Host load (1-min load average, sampled between cases): max {max(samples):.1f}, "
+        f"{len(samples)} samples, {load['threads']} benchmark threads"
+    )
+    return line + (f": REFUSED ({refused})." if refused else ": quiet enough.")
 
 
 def machine_info() -> dict[str, Any]:
