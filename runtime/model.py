@@ -147,6 +147,12 @@ class LoadedModel:
         draft = heads = eagle = None
         if method == "draft_model":
             draft = DraftModel.open(root, manifest, engine.name, pool.num_blocks)
+            if draft.session.writes_pool != session.writes_pool:
+                # The draft runs the target's prefill batches (DraftModelDrafter.observe).
+                raise ValueError(
+                    f"{root}: the draft engine and the target engine write the KV pool in "
+                    "different ways (built by different ingot versions); rebuild the artifact"
+                )
         elif method == "medusa":
             heads = MedusaHeads.open(safe_relative_path(root, manifest.speculative.heads.path))
         elif method == "eagle":
