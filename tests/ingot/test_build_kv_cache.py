@@ -42,12 +42,12 @@ def _calibration(samples: int = 4) -> dict:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """{kv dtype: (recipe, build result)} for fp32, int8 and fp8, in one stage cache."""
+    """{kv dtype: (recipe, build result)} for fp32, fp16, int8 and fp8, in one stage cache."""
     tmp = tmp_path_factory.mktemp("kv")
     ckpt = make_checkpoint(tmp / "ckpt", "llama")
     cache = StageCache(tmp / "cache")
     results = {}
-    for dtype in ("fp32", "int8", "fp8"):
+    for dtype in ("fp32", "fp16", "int8", "fp8"):
         recipe = write_recipe(
             tmp / f"{dtype}.yaml",
             ckpt,
@@ -83,7 +83,8 @@ def test_runtime_greedy_matches_the_ir(built, dtype):
     assert [c.token_ids for c in fp32] != expected
 
 
-@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+# fp16, int8: the graph writes its K/V into the pool in place; fp8: the runtime writes them.
+@pytest.mark.parametrize("dtype", ["fp16", "int8", "fp8"])
 @pytest.mark.parametrize(("caching", "budget"), [(True, 2048), (False, 8), (True, 8), (True, 5)])
 def test_greedy_output_independent_of_chunking_and_caching(built, dtype, caching, budget):
     artifact = built[dtype][1].artifact
@@ -132,13 +133,13 @@ def test_manifest_records_the_calibrated_scales(built, dtype):
 def test_stage_keys(built):
     runs = {dtype: {s.stage: s for s in result.stages} for dtype, (_, result) in built.items()}
     # Every recipe here is RTN: the quantize stage never depends on the KV cache or the
-    # calibration section, so all three builds share one entry.
+    # calibration section, so all four builds share one entry.
     assert runs["int8"]["quantize"].cached and runs["fp8"]["quantize"].cached
-    # The fp32 KV cache needs no windows; int8 computes them, fp8 finds them cached.
-    assert "calibrate" not in runs["fp32"]
+    # fp32 and fp16 KV caches need no windows; int8 computes them, fp8 finds them cached.
+    assert "calibrate" not in runs["fp32"] and "calibrate" not in runs["fp16"]
     assert not runs["int8"]["calibrate"].cached and runs["fp8"]["calibrate"].cached
     keys = {dtype: run["export"].key for dtype, run in runs.items()}
-    assert len(set(keys.values())) == 3
+    assert len(set(keys.values())) == 4
 
 
 def test_export_key_holds_the_calibration(built, tmp_path):
