@@ -23,6 +23,7 @@ __all__ = [
     "EngineSession",
     "SessionError",
     "draft_session_options",
+    "open_draft_graph",
     "STEP_INPUTS",
 ]
 
@@ -77,6 +78,22 @@ def draft_session_options() -> ort.SessionOptions:
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     return options
+
+
+def open_draft_graph(path: Path | str, what: str, input: str, output: str) -> ort.InferenceSession:
+    """A drafter's small stateless graph (Medusa heads, EAGLE-3 fc) with the drafter options,
+    refused unless it has the `input` and `output` its wrapper feeds and reads."""
+    session = ort.InferenceSession(
+        str(path), draft_session_options(), providers=["CPUExecutionProvider"]
+    )
+    inputs = {i.name for i in session.get_inputs()}
+    outputs = {o.name for o in session.get_outputs()}
+    if input not in inputs or output not in outputs:
+        raise SessionError(
+            f"{what}: expected input {input!r} and output {output!r}, got inputs "
+            f"{sorted(inputs)} and outputs {sorted(outputs)}"
+        )
+    return session
 
 
 class _PagedSession:

@@ -41,7 +41,7 @@ from ingot.artifacts import Manifest, safe_relative_path
 from ingot.runtime.batch import Batch, build_inputs
 from ingot.runtime.kv_pool import KVPool
 from ingot.runtime.scheduler import Chunk, SequenceState
-from ingot.runtime.session import EagleLayerSession, SessionError, draft_session_options
+from ingot.runtime.session import EagleLayerSession, open_draft_graph
 
 __all__ = ["EagleDraft", "EagleDrafter", "EagleFc"]
 
@@ -50,19 +50,12 @@ class EagleFc:
     """draft/eagle/fc.onnx: `features` [N, 3Ht] float32 in, `hidden` [N, H] float32 out."""
 
     def __init__(self, session: ort.InferenceSession) -> None:
-        inputs = {i.name for i in session.get_inputs()}
-        outputs = {o.name for o in session.get_outputs()}
-        if "features" not in inputs or "hidden" not in outputs:
-            raise SessionError(
-                f"EAGLE fc graph: expected input 'features' and output 'hidden', got inputs "
-                f"{sorted(inputs)} and outputs {sorted(outputs)}"
-            )
-        self._session = session
+        self._session = session  # opened by `open`, which checks its interface
 
     @classmethod
     def open(cls, path: Path | str) -> EagleFc:
-        options = draft_session_options()  # one thread, no spinning, as the draft layer's
-        return cls(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
+        # One thread, no spinning, as the draft layer's (draft_session_options).
+        return cls(open_draft_graph(path, "EAGLE fc graph", "features", "hidden"))
 
     def run(self, features: np.ndarray) -> np.ndarray:
         """features [N, 3Ht] -> hidden [N, H]."""

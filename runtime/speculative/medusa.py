@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from ingot.runtime.batch import Batch
 from ingot.runtime.scheduler import Chunk, SequenceState
-from ingot.runtime.session import SessionError
+from ingot.runtime.session import open_draft_graph
 
 __all__ = ["MedusaDrafter", "MedusaHeads"]
 
@@ -27,28 +27,14 @@ class MedusaHeads:
     head k's greedy token)."""
 
     def __init__(self, session: ort.InferenceSession) -> None:
-        inputs = {i.name for i in session.get_inputs()}
-        outputs = {o.name for o in session.get_outputs()}
-        if "hidden" not in inputs or "draft_tokens" not in outputs:
-            raise SessionError(
-                f"Medusa heads graph: expected input 'hidden' and output 'draft_tokens', got "
-                f"inputs {sorted(inputs)} and outputs {sorted(outputs)}"
-            )
-        self._session = session
+        self._session = session  # opened by `open`, which checks its interface
 
     @classmethod
     def open(cls, path: Path | str) -> MedusaHeads:
-        options = ort.SessionOptions()
-        # One thread that does not spin between calls, as a draft model's (DraftModel.open):
-        # a second pool of spinning threads would take the cores from the target's calls, and
-        # a graph of a few matmuls over N rows runs about as fast on one thread.
-        options.intra_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # Optimized at load (a graph of ~20 nodes: milliseconds). Unlike the target's engine,
-        # whose numerics the artifact was evaluated with, the heads only propose: the target's
-        # verification decides every token, so their rounding moves acceptance, not output.
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        return cls(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
+        # The drafter options (draft_session_options): one thread that does not spin between
+        # calls, optimized at load. The heads only propose: the target's verification decides
+        # every token, so their rounding moves acceptance, not output.
+        return cls(open_draft_graph(path, "Medusa heads graph", "hidden", "draft_tokens"))
 
     def run(self, rows: np.ndarray) -> np.ndarray:
         """rows [N, H] float32 -> draft tokens [N, K] int64."""

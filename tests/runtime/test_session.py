@@ -16,7 +16,7 @@ from ingot.runtime import LoadedModel, SamplingParams
 from ingot.runtime.batch import Batch, build_inputs
 from ingot.runtime.kv_pool import KVPool
 from ingot.runtime.model import DEFAULT_KV_CACHE_BYTES
-from ingot.runtime.session import EngineSession, SessionError
+from ingot.runtime.session import EngineSession, SessionError, open_draft_graph
 
 from fixtures import CHAT_TEMPLATE, write_tokenizer
 
@@ -167,6 +167,15 @@ def test_output_buffers_are_reused_while_the_call_shape_repeats(tmp_path):
     other, _ = session.run(_batch(pool, [[9, 3]]))  # another shape: new arrays
     assert other is not first and other.shape == (1, V)
     np.testing.assert_array_equal(other.argmax(-1), [4])
+
+
+def test_a_draft_graph_without_its_input_or_output_is_refused(tmp_path):
+    graph = write_graph(tmp_path / "g.onnx")  # input_ids -> logits
+    assert open_draft_graph(graph, "test graph", "input_ids", "logits") is not None
+    with pytest.raises(SessionError, match="EAGLE fc graph: expected input 'features'"):
+        open_draft_graph(graph, "EAGLE fc graph", "features", "logits")
+    with pytest.raises(SessionError, match="expected input 'input_ids' and output 'hidden'"):
+        open_draft_graph(graph, "Medusa heads graph", "input_ids", "hidden")
 
 
 def test_interface_mismatches_are_named(tmp_path):
