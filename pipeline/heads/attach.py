@@ -17,7 +17,7 @@ from ..model.medusa import (
 )
 from ..recipe import Recipe, RecipeError
 
-__all__ = ["AttachedHeads", "attach_dir", "load_attached", "resolve_heads"]
+__all__ = ["AttachedHeads", "attach_dir", "load_attached", "resolve_heads", "size_mismatches"]
 
 _WHERE = "speculative.heads.attach"
 
@@ -41,14 +41,11 @@ def resolve_heads(recipe: Recipe, recipe_path: Path, target: ModelConfig) -> Att
         cfg = load_medusa_config(path)
     except MedusaError as e:
         raise RecipeError([f"{_WHERE}: {e}"]) from None
-    problems = [
-        f"{_WHERE}: {name} {mine} differs from the target's {theirs} ({path / CONFIG_FILE})"
-        for name, mine, theirs in (
-            ("vocab_size", cfg.vocab_size, target.vocab_size),
-            ("hidden_size", cfg.hidden_size, target.hidden_size),
-        )
-        if mine != theirs
-    ]
+    problems = size_mismatches(
+        path,
+        ("vocab_size", cfg.vocab_size, target.vocab_size),
+        ("hidden_size", cfg.hidden_size, target.hidden_size),
+    )
     k = recipe.speculative.num_speculative_tokens
     if cfg.num_heads < k:
         problems.append(
@@ -58,6 +55,16 @@ def resolve_heads(recipe: Recipe, recipe_path: Path, target: ModelConfig) -> Att
     if problems:
         raise RecipeError(problems)
     return AttachedHeads(path, directory_digest(path)[0])
+
+
+def size_mismatches(path: Path, *sizes: tuple[str, int, int]) -> list[str]:
+    """One problem per (name, the checkpoint's, the target's) size that differs, naming the
+    attached directory's config.json."""
+    return [
+        f"{_WHERE}: {name} {mine} differs from the target's {theirs} ({path / CONFIG_FILE})"
+        for name, mine, theirs in sizes
+        if mine != theirs
+    ]
 
 
 def attach_dir(attach: str, recipe_path: Path, what: str) -> Path:

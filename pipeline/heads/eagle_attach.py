@@ -10,9 +10,9 @@ from pathlib import Path
 
 from ..cache import directory_digest
 from ..model.config import ModelConfig
-from ..model.eagle3 import CONFIG_FILE, Eagle3Config, Eagle3Error, load_eagle3_config
+from ..model.eagle3 import Eagle3Config, Eagle3Error, load_eagle3_config
 from ..recipe import Recipe, RecipeError
-from .attach import attach_dir
+from .attach import attach_dir, size_mismatches
 
 __all__ = ["AttachedEagle", "resolve_eagle"]
 
@@ -38,14 +38,11 @@ def resolve_eagle(recipe: Recipe, recipe_path: Path, target: ModelConfig) -> Att
         cfg = load_eagle3_config(path, target.num_layers)
     except Eagle3Error as e:
         raise RecipeError([f"{_WHERE}: {e}"]) from None
-    problems = [
-        f"{_WHERE}: {name} {mine} differs from the target's {theirs} ({path / CONFIG_FILE})"
-        for name, mine, theirs in (
-            ("vocab_size", cfg.vocab_size, target.vocab_size),
-            ("target_hidden_size", cfg.target_hidden_size, target.hidden_size),
-        )
-        if mine != theirs
-    ]
+    problems = size_mismatches(
+        path,
+        ("vocab_size", cfg.vocab_size, target.vocab_size),
+        ("target_hidden_size", cfg.target_hidden_size, target.hidden_size),
+    )
     if problems:
         raise RecipeError(problems)
     return AttachedEagle(path, directory_digest(path)[0], cfg)
