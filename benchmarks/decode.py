@@ -25,10 +25,13 @@ products do the same), the same thread count, greedy decoding with EOS ignored:
 - llama.cpp (llama-cpp-python): the GGUF (Q4_0) ingot's build writes with `interop: [gguf]`.
 
 Measured, per model (pydoc-16m, trained; the Llama-3.2-1B shape with random weights, vocab
-32000), each engine in its own process, after a warm-up, median of `--runs` runs:
+32000), each engine in its own process after a warm-up, in `--runs` interleaved rounds: each
+round times one run of every engine in turn (the order rotated each round) and then the memory
+bandwidth, so drift of the host hits every engine alike (decode_rounds.py); medians over rounds:
 
-1. batch 1: decode tok/s (TTFT apart), TPOT p50 / p99, the ratio ingot / peer, the fraction of
-   the memory-bandwidth bound (bandwidth measured here, bytes each step must read in each
+1. batch 1: decode tok/s (TTFT apart), TPOT p50 / p99, the ratio ingot / peer (the median of
+   the rounds' paired ratios), the fraction of the memory-bandwidth bound (each round's rate
+   over the bound from that round's bandwidth and the bytes each step must read in each
    engine's format: traffic.py), greedy agreement with the fp32 IR (pydoc-16m only);
 2. `--batch` prompts decoding together: ingot adds them all to one Generator (in-flight
    batching), onnxruntime-genai runs one static batch, llama.cpp one llama_batch with a
@@ -67,6 +70,7 @@ from decode_peers import (  # noqa: E402
     set_ortgenai_threads,
 )
 from decode_report import write_reports  # noqa: E402
+from decode_rounds import merge_rounds, pair_ratios, round_bounds, round_order  # noqa: E402
 from graph_stats import artifact_graphs  # noqa: E402
 from machine import LoadWatch, machine_info, measure_bandwidth, wait_idle  # noqa: E402
 from ort_artifacts import (  # noqa: E402
@@ -87,7 +91,7 @@ ENGINES = ("ingot", "onnxruntime-genai", "llama.cpp")
 PARTS = ("batch1", "batched", "prefill", "profile")
 REFERENCE = "ir-fp32"  # greedy reference on the trained model
 WARMUP_TOKENS = 8  # each step reads every weight, so a few steps page them all in
-DECODE_BUDGET_S = 300  # timed runs per case; a slower engine gets one shorter run (flagged)
+DECODE_BUDGET_S = 300  # a round's timed run; a slower engine gets a shorter one (flagged)
 REDUCED_BUDGET_S = 90  # that shorter run
 PROFILE_TOKENS = 32  # decode steps under the profiler (steady state; the profiler is slow)
 PROFILE_SKIP_STEPS = 2  # decode steps after the prefill left out of the profile as warm-up
@@ -154,10 +158,10 @@ class Bench:
             if model.name == "pydoc-16m":
                 spec = {"path": str(model.path), "threads": args.threads}
                 out["reference"] = self._decode(model, REFERENCE, spec, batch1, runs=1, warmup=1)
-            out["batch1"] = {e: self._decode(model, e, loads[e], batch1) for e in args.engines}
+            out["batch1"] = self._decode_rounds(model, loads, batch1)
             _compare_tokens(out["batch1"], out.get("reference"))
         if "batched" in args.parts:
-            out["batched"] = {e: self._decode(model, e, loads[e], batched) for e in args.engines}
+            out["batched"] = self._decode_rounds(model, loads, batched)
         if "prefill" in args.parts and model.name in args.prefill_models:
             out["prefill"] = self._prefill(model, artifact)
         if "profile" in args.parts:
@@ -218,6 +222,25 @@ class Bench:
             loads["llama.cpp"] = {"gguf": str(gguf), "threads": self.args.threads}
             loads["llama.cpp"] |= {"ctx_per_seq": ctx}
         return loads
+
+    def _decode_rounds(
+        self, model: BenchModel, loads: dict[str, dict[str, Any] | str], prompts: list[list[int]]
+    ) -> dict[str, dict[str, Any]]:
+        """Every engine's case over `--runs` rounds, one timed run per engine per round, in
+        turn (decode_rounds.py); the bandwidth measured after each round bounds that round."""
+        engines = list(self.args.engines)
+        rounds: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
+        bandwidths = []
+        for index in range(self.args.runs):
+            for engine in round_order(engines, index):
+                rounds[engine].append(self._decode(model, engine, loads[engine], prompts, runs=1))
+            bandwidths.append(measure_bandwidth(self.args.threads))
+            self.watch.sample()
+        cases = {e: merge_rounds(rounds[e]) for e in engines}
+        for case in cases.values():
+            round_bounds(case, [b["bytes_per_s"] for b in bandwidths])
+        pair_ratios(cases)
+        return cases
 
     def _decode(
         self,
@@ -351,15 +374,9 @@ def _report(
     watch: LoadWatch,
     refused: str | None,
 ) -> dict[str, Any]:
+    # Each case's bound and fraction came from its rounds' bandwidths (_decode_rounds);
+    # the runs before and after all the cases show how far the host's bandwidth moved.
     best = max(bandwidth, key=lambda b: b["bytes_per_s"])
-    for model in results["models"].values():
-        for group in ("batch1", "batched"):
-            for case in model.get(group, {}).values():
-                traffic = case["traffic"]
-                bound = best["bytes_per_s"] * traffic["batch"] / traffic["bytes_per_step"]
-                case["bound_tokens_per_s"] = bound
-                ok = case.get("ok") and case.get("tokens_per_s")
-                case["fraction_of_bound"] = case["tokens_per_s"] / bound if ok else None
     peers = {
         ORTGENAI: peer_version(args.ortgenai_python, ORTGENAI),
         f"onnxruntime (with {ORTGENAI})": peer_version(args.ortgenai_python, "onnxruntime"),
@@ -379,6 +396,7 @@ def _report(
             "batch": args.batch,
             "warmup_tokens": min(WARMUP_TOKENS, args.tokens),
             "runs": args.runs,
+            "rounds": "interleaved: one timed run per engine per round, engines in turn",
             "statistic": "median",
             "decode_budget_s": DECODE_BUDGET_S,
             "reduced_budget_s": REDUCED_BUDGET_S,
@@ -408,7 +426,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated model names")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per sequence")
     parser.add_argument("--batch", type=int, default=32, help="sequences decoding together")
-    parser.add_argument("--runs", type=int, default=3, help="timed runs per case (median)")
+    parser.add_argument(
+        "--runs", type=int, default=3, help="interleaved rounds: one timed run per engine each"
+    )
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated engines")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts")
     parser.add_argument("--prefill-models", default="pydoc-16m", help="models of the prefill part")

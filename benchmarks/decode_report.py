@@ -49,9 +49,13 @@ def markdown(report: dict[str, Any]) -> str:
         "Q4_0, from ingot's GGUF). "
         f"Prompt {settings['prompt_tokens']} tokens, {settings['new_tokens']} new tokens per "
         f"sequence (greedy, EOS ignored), {settings['threads']} threads, warm-up of "
-        f"{settings['warmup_tokens']} tokens, median of {settings['runs']} runs. tok/s counts "
-        "decode steps only (the first token comes from the prefill: TTFT); TPOT is the "
-        "interval between a sequence's consecutive tokens (p50 / p99 over all of them).",
+        f"{settings['warmup_tokens']} tokens. {settings['runs']} interleaved rounds: each "
+        "round times one run of every engine in turn (order rotated per round), then the "
+        "memory bandwidth; tok/s is the median over rounds, ingot / engine the median of the "
+        "rounds' paired ratios (range in brackets), of bound the median of each round's rate "
+        "over that round's bound. tok/s counts decode steps only (the first token comes from "
+        "the prefill: TTFT); TPOT is the interval between a sequence's consecutive tokens "
+        "(p50 / p99: medians of the rounds' percentiles).",
     ]
     models = report["results"]["models"]
     lines += ["", "## Batch 1", ""]
@@ -71,7 +75,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += _profile_section(models)
     lines += [
         "",
-        _bandwidth_line(report["bandwidth"]),
+        _bandwidth_line(report["bandwidth"], models),
         "Bytes read per step: quantized linears = codes (4 bits per weight) + scales (fp32 in "
         "MatMulNBits, fp16 in Q4_0) per group of 32, lm_head in full, norms, one embedding row "
         "and the KV cache of each sequence at the mean decode context (fp32 for ingot and "
@@ -92,7 +96,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def _decode_table(models: dict[str, Any], group: str, agreement: bool) -> list[str]:
     head = (
-        "| model | engine | tok/s (runs) | TTFT ms | TPOT p50 / p99 ms | ingot / engine "
+        "| model | engine | tok/s (rounds) | TTFT ms | TPOT p50 / p99 ms | ingot / engine "
         "| MB read / step | bound tok/s | of bound | peak RSS MiB |"
     )
     align = "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -207,11 +211,11 @@ def _profile_section(models: dict[str, Any]) -> list[str]:
 
 
 def _rate(case: dict[str, Any]) -> str:
-    """Median tok/s with the spread of the timed runs, which shows a noisy host."""
+    """Median tok/s with the spread of the rounds, which shows a noisy host."""
     if not case.get("ok"):
         return "failed"
     rates = [r["tokens_per_s"] for r in case["runs"]]
-    spread = f"{min(rates):.1f}–{max(rates):.1f}" if len(rates) > 1 else "1 run"
+    spread = f"{min(rates):.1f}–{max(rates):.1f}" if len(rates) > 1 else "1 round"
     return f"{case['tokens_per_s']:.1f} ({spread})"
 
 
@@ -222,9 +226,13 @@ def _tpot(case: dict[str, Any]) -> str:
 
 
 def _ratio(ingot: dict[str, Any], peer: dict[str, Any]) -> str:
-    if not (ingot.get("ok") and peer.get("ok")):
+    """The median of the rounds' paired ratios (decode_rounds.pair_ratios), with their range."""
+    ratio = peer.get("ingot_ratio")
+    if ratio is None:
         return "–"
-    return f"{ingot['tokens_per_s'] / peer['tokens_per_s']:.2f}"
+    ratios = peer.get("ingot_ratio_rounds") or [ratio]
+    spread = f" ({min(ratios):.2f}–{max(ratios):.2f})" if len(ratios) > 1 else ""
+    return f"{ratio:.2f}{spread}"
 
 
 def _notes(models: dict[str, Any]) -> list[str]:
@@ -284,15 +292,23 @@ def _match(match: dict[str, int] | None) -> str:
     return f"{match['leading_identical']}/{match['of']}"
 
 
-def _bandwidth_line(bandwidth: dict[str, Any]) -> str:
+def _bandwidth_line(bandwidth: dict[str, Any], models: dict[str, Any]) -> str:
     runs = [
         ", ".join(f"{name} {rate / 1e9:.1f}" for name, rate in run["methods_bytes_per_s"].items())
         for run in bandwidth["runs"]
     ]
+    rounds = [
+        r["bandwidth_bytes_per_s"] / 1e9
+        for model in models.values()
+        for group in ("batch1", "batched")
+        for r in (model.get(group, {}).get("ingot", {}).get("rounds") or [])
+        if "bandwidth_bytes_per_s" in r
+    ]
+    within = f"; after each round: {min(rounds):.1f}–{max(rounds):.1f}" if rounds else ""
     return (
-        f"Memory bandwidth: {bandwidth['bytes_per_s'] / 1e9:.1f} GB/s (bytes read / s over a "
-        f"1 GiB float32 array, best of 5; highest read-only method, before and after the "
-        f"engines). Methods, GB/s: before: {runs[0]}; after: {runs[-1]}."
+        "Memory bandwidth (bytes read / s over a 1 GiB float32 array, best of 5; highest "
+        f"read-only method), GB/s: before the engines {runs[0]}; after them {runs[-1]}"
+        f"{within}."
     )
 
 
