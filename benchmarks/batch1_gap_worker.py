@@ -1,0 +1,179 @@
+"""One case of batch1_gap.py in a fresh process: microseconds per decode token at batch 1.
+
+Runs under ingot's interpreter (cases `ingot_step`, `ingot_graph`) or onnxruntime-genai's
+(`ortgenai_step`, `ortgenai_graph`), so it imports nothing of ingot at module level and nothing
+but numpy and onnxruntime besides. Usage: batch1_gap_worker.py SPEC.json RESULT.json, as
+worker.py runs it; the spec names the case, the artifact, the onnxruntime-genai model
+directory, the prompt, the thread count and the timed repeats (the median is the result).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+CALLS = 127  # session calls per repeat: one decode's worth
+
+
+def ingot_step(spec: dict[str, Any]) -> Callable[[], float]:
+    """The runtime's Generator.step over a whole greedy decode: what decode.py times."""
+    from ingot.runtime import SamplingParams
+
+    model = _ingot_model(spec)
+    generator = model.generator()
+    params = SamplingParams(max_tokens=CALLS + 1, temperature=0.0, ignore_eos=True)
+
+    def decode() -> float:
+        generator.add(spec["prompt"], params)
+        generator.step()  # the prefill
+        started, steps = time.perf_counter(), 0
+        while generator.has_unfinished():
+            generator.step()
+            steps += 1
+        return (time.perf_counter() - started) / steps * 1e6
+
+    return decode
+
+
+def ingot_graph(spec: dict[str, Any]) -> Callable[[], float]:
+    """The engine session alone: the binding a decode step at the run's mean context left
+    (inputs, the pool, the output buffers), run again and again with no Python between."""
+    from ingot.runtime import SamplingParams
+    from ingot.runtime.session import _PagedSession
+
+    model = _ingot_model(spec)
+    generator = model.generator()
+    context = len(spec["prompt"]) + CALLS // 2
+    last: list[_PagedSession] = []
+    call = _PagedSession._call
+
+    def capture(self: _PagedSession, batch: Any, **extra: Any) -> Any:
+        last[:] = [self]
+        return call(self, batch, **extra)
+
+    _PagedSession._call = capture  # type: ignore[method-assign]
+    prompt = (spec["prompt"] * context)[:context]
+    generator.add(prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    while generator.has_unfinished():
+        generator.step()  # the last call is a decode step at `context`
+    _PagedSession._call = call  # type: ignore[method-assign]
+    session = last[0]
+    run, binding = session._session.run_with_iobinding, session._binding
+
+    def timed() -> float:
+        return _per_call(lambda: run(binding))
+
+    timed.model = model  # type: ignore[attr-defined]  # owns the pool the binding points into
+    return timed
+
+
+def ortgenai_step(spec: dict[str, Any]) -> Callable[[], float]:
+    """onnxruntime-genai's generate_next_token over a whole greedy decode (its C++ loop)."""
+    import onnxruntime_genai as og
+
+    model = og.Model(spec["ortgenai_dir"])
+    total = len(spec["prompt"]) + CALLS + 1
+
+    def decode() -> float:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=total, min_length=total, do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(np.array([spec["prompt"]], dtype=np.int32))
+        generator.generate_next_token()  # picks from the prefill's logits
+        started, steps = time.perf_counter(), 0
+        while not generator.is_done():
+            generator.generate_next_token()
+            steps += 1
+        return (time.perf_counter() - started) / steps * 1e6
+
+    return decode
+
+
+def ortgenai_graph(spec: dict[str, Any]) -> Callable[[], float]:
+    """onnxruntime-genai's model.onnx in a plain session at the same mean context, bound as
+    its loop binds it (past and present share one buffer of max_length), no Python between."""
+    model_dir = Path(spec["ortgenai_dir"])
+    config = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = spec["threads"]
+    session = ort.InferenceSession(
+        str(model_dir / config["filename"]), options, providers=["CPUExecutionProvider"]
+    )
+    total = len(spec["prompt"]) + CALLS + 1
+    context = len(spec["prompt"]) + CALLS // 2
+    binding = session.io_binding()
+    binding.bind_cpu_input("input_ids", np.array([[7]], np.int64))
+    binding.bind_cpu_input("attention_mask", np.ones((1, context + 1), np.int64))
+    shape = [1, config["num_key_value_heads"], total, config["head_size"]]
+    keep = []
+    for layer in range(config["num_hidden_layers"]):
+        for kind in ("key", "value"):
+            buffer = np.zeros(shape, np.float32)
+            keep.append(buffer)
+            binding.bind_cpu_input(f"past_key_values.{layer}.{kind}", buffer)
+            binding.bind_output(
+                f"present.{layer}.{kind}", "cpu", 0, np.float32, shape, buffer.ctypes.data
+            )
+    logits = np.empty((1, 1, _vocab(session)), np.float32)
+    binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+    keep.append(logits)
+
+    def timed() -> float:
+        return _per_call(lambda: session.run_with_iobinding(binding))
+
+    timed.buffers = keep  # type: ignore[attr-defined]  # bound by address: keep them alive
+    return timed
+
+
+CASES = {
+    "ingot_step": ingot_step,
+    "ingot_graph": ingot_graph,
+    "ortgenai_step": ortgenai_step,
+    "ortgenai_graph": ortgenai_graph,
+}
+
+
+def _ingot_model(spec: dict[str, Any]) -> Any:
+    from ingot.runtime import LoadedModel
+
+    return LoadedModel.load(
+        spec["artifact"],
+        kv_cache_bytes=None,
+        max_num_seqs=1,
+        max_num_batched_tokens=2048,
+        enable_prefix_caching=False,
+    )
+
+
+def _per_call(call: Callable[[], Any]) -> float:
+    """Microseconds per call over CALLS calls."""
+    started = time.perf_counter()
+    for _ in range(CALLS):
+        call()
+    return (time.perf_counter() - started) / CALLS * 1e6
+
+
+def _vocab(session: ort.InferenceSession) -> int:
+    logits = next(o for o in session.get_outputs() if o.name == "logits")
+    return int(logits.shape[-1])
+
+
+def run_case(spec: dict[str, Any]) -> dict[str, Any]:
+    timed = CASES[spec["case"]](spec)
+    timed()  # warm-up: pages the weights in, warms the allocators and shapes
+    repeats = [timed() for _ in range(spec["repeats"])]
+    return {"ok": True, "us_per_token": statistics.median(repeats), "repeats_us": repeats}
+
+
+if __name__ == "__main__":
+    spec_file, result_file = sys.argv[1:3]
+    result = run_case(json.loads(Path(spec_file).read_text()))
+    Path(result_file).write_text(json.dumps(result))
