@@ -6,7 +6,8 @@ Reproduce (on a quiet host: a run whose load exceeds --threads is refused, exit 
     benchmarks/peers/setup.sh onnxruntime-genai vllm    # the peers' virtualenvs, once
     .venv/bin/python benchmarks/serve.py                # writes benchmarks/results/serve.*
 
-Options: [--requests 32] [--output-len 64] [--rates 0.5,1,2] [--threads 2] [--settle-s 10]
+Options: [--requests 32] [--output-len 64] [--rates 0.5,1,2] [--rounds 3] [--threads 2]
+[--settle-s 10]
 [--settle-max-s 120] [--model DIR] [--eval-text FILE] [--ortgenai-python PATH]
 [--vllm-python PATH] [--out-dir DIR] [--quick]. --quick (8 requests, 16 tokens, rate 2, short
 settling) is a smoke run: it writes to <tmp>/ingot-serve-quick unless --out-dir says
@@ -40,6 +41,13 @@ number of output tokens, greedy, EOS ignored). Measured:
   requests at once, transformers `generate` with static batching (fp32), onnxruntime-genai
   static batch and batch 1.
 
+Head to head (--rounds, default 3; serve_rounds.py): the runs above measure each system once,
+minutes apart, on a host that drifts by 20-30% within minutes. So then, per round, the burst
+of ingot serve, vllm serve (a fresh server each, sharing the compile cache) and
+onnxruntime-genai's static batch, in turn with the order rotated each round; the issue's
+targets are read from the paired ratios (ingot over the peer in the same round, median over
+rounds).
+
 Host load: the 1-minute load average is sampled (machine.LoadWatch) before every run and once
 more at the end, each time after a pause (--settle-s) and a wait of at most --settle-max-s for
 it to come down to --threads (the previous run's own threads, or vLLM's compile, fade from the
@@ -49,8 +57,9 @@ the script exits 1. A missing peer (no virtualenv, a failed build or start) is a
 not a crash. Only 127.0.0.1 is contacted; each server runs in its own process group, stopped
 as a whole.
 
-Duration of the full run on the 2-core reference host: about 15 minutes, of which vLLM's start
-(cold compile cache) takes ~1.5-2 and the settling before each run ~5 (each wait is capped
+Duration of the full run on the 2-core reference host: about 25 minutes, of which vLLM's first
+start (cold compile cache) takes ~1.5-2, the head-to-head rounds ~8 and the settling before
+each run ~7 (each wait is capped
 by --settle-max-s, so a host that never quiets down adds at most ~30 and is refused).
 """
 
@@ -75,6 +84,7 @@ from machine import LoadWatch, machine_info  # noqa: E402
 from paths import data_dir, models_dir, peer_python, peer_version  # noqa: E402
 from serve_client import run_requests, run_sequential  # noqa: E402
 from serve_report import write_reports  # noqa: E402
+from serve_rounds import OURS, head_to_head  # noqa: E402
 from serve_server import (  # noqa: E402
     MODEL_NAME,
     ServerFailed,
@@ -152,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         report["vllm"] = _bench_vllm_server(
             vllm_dir, report["vllm_build"], prompts, args, tmp, loads
         )
+        if args.rounds:
+            report["head_to_head"] = _head_to_head(
+                artifact, vllm_dir, ortgenai, common, args, tmp, loads
+            )
     refusal = loads.finish()
     report["load"] = loads.watch.record()
     if refusal is not None:
@@ -169,6 +183,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--rates", default="0.5,1,2", help="Poisson arrival rates (req/s)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="head-to-head rounds: every system's burst once per round, in turn (0: none)",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -232,7 +252,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.requests, args.output_len, args.rates = 8, 16, "2"
+        args.requests, args.output_len, args.rates, args.rounds = 8, 16, "2", 1
         args.settle_s, args.settle_max_s = 2.0, 5.0
     if args.out_dir is None:
         quick_dir = Path(tempfile.gettempdir()) / "ingot-serve-quick"
@@ -426,10 +446,7 @@ def _scenario(
 def _bench_ingot_server(
     artifact: Path, prompts: list[list[int]], args, tmp: Path, loads: _Loads
 ) -> dict[str, Any]:
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    command = ingot_command(artifact, port, args.requests, KV_CACHE_BYTES)
-    server = ServerProcess(command, tmp / "ingot-serve.log")
+    server, base = _ingot_server(artifact, args, tmp)
     results: dict[str, Any] = {"ok": True, "scenarios": {}}
     try:
         _log("server: starting ingot serve")
@@ -469,22 +486,7 @@ def _bench_vllm_server(
     """`vllm serve` of the compressed-tensors export: one client, then the burst."""
     if model_dir is None:
         return {"ok": False, "error": build.get("error"), "scenarios": {}}
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    command, env, settings = vllm_command(
-        args.vllm_python,
-        model_dir,
-        port,
-        served_name=MODEL_NAME,
-        threads=args.threads,
-        max_num_seqs=args.requests,
-        max_model_len=MAX_SEQ_LEN,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-        kv_cache_gib=VLLM_KV_CACHE_GIB,
-        dtype=VLLM_DTYPE,
-        cache_root=tmp / "vllm-cache",
-    )
-    server = ServerProcess(command, tmp / "vllm-serve.log", env)
+    server, base, settings = _vllm_server(model_dir, args, tmp)
     results: dict[str, Any] = {"ok": True, "version": build.get("version")}
     results |= {"settings": settings, "scenarios": {}}
     try:
@@ -505,6 +507,71 @@ def _bench_vllm_server(
     finally:
         server.stop()
     return results
+
+
+def _ingot_server(artifact: Path, args, tmp: Path) -> tuple[ServerProcess, str]:
+    """`ingot serve` of the artifact on a free port (not started) and its base URL."""
+    port = _free_port()
+    command = ingot_command(artifact, port, args.requests, KV_CACHE_BYTES)
+    return ServerProcess(command, tmp / "ingot-serve.log"), f"http://127.0.0.1:{port}"
+
+
+def _vllm_server(model_dir: Path, args, tmp: Path) -> tuple[ServerProcess, str, dict[str, Any]]:
+    """`vllm serve` of the export on a free port (not started), its base URL and settings.
+    Every start shares one compile cache in `tmp`: only the first compiles cold."""
+    port = _free_port()
+    command, env, settings = vllm_command(
+        args.vllm_python,
+        model_dir,
+        port,
+        served_name=MODEL_NAME,
+        threads=args.threads,
+        max_num_seqs=args.requests,
+        max_model_len=MAX_SEQ_LEN,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        kv_cache_gib=VLLM_KV_CACHE_GIB,
+        dtype=VLLM_DTYPE,
+        cache_root=tmp / "vllm-cache",
+    )
+    server = ServerProcess(command, tmp / "vllm-serve.log", env)
+    return server, f"http://127.0.0.1:{port}", settings
+
+
+def _server_burst(server: ServerProcess, base: str, prompts: list[list[int]], args) -> dict:
+    """Start the server, warm it up, run the burst (every request at once), stop it."""
+    try:
+        server.start(base, SERVER_START_TIMEOUT_S)
+        run_requests(base, prompts[:2], 8, [0.0, 0.0])  # warm-up, as in the main runs
+        return _scenario(base, prompts, args.output_len, None, one_client=False)
+    except (ServerFailed, httpx.HTTPError, RuntimeError) as e:
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    finally:
+        server.stop()
+
+
+def _head_to_head(
+    artifact: Path,
+    vllm_dir: Path | None,
+    ortgenai: dict[str, Any] | None,
+    common: dict[str, Any],
+    args,
+    tmp: Path,
+    loads: _Loads,
+) -> dict[str, Any]:
+    """The burst of ingot serve, vllm serve and onnxruntime-genai's static batch, once per
+    round each, in turn (serve_rounds.py). A peer that cannot run is left out."""
+    prompts = common["prompts"]
+    bursts: dict[str, Callable[[], dict[str, Any]]] = {
+        OURS: lambda: _server_burst(*_ingot_server(artifact, args, tmp), prompts, args)
+    }
+    if vllm_dir is not None:
+        bursts["vllm serve"] = lambda: _server_burst(
+            *_vllm_server(vllm_dir, args, tmp)[:2], prompts, args
+        )
+    if ortgenai is not None:
+        job = {"engine": "ortgenai-static", **common, **ortgenai}
+        bursts["onnxruntime-genai static"] = lambda: _worker(job, tmp, args.ortgenai_python)
+    return head_to_head(bursts, args.rounds, loads.around, _log)
 
 
 def _bench_prefix(base: str, tokenizer: Path, text: Path) -> dict[str, Any]:

@@ -80,24 +80,36 @@ def _targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     vllm_burst = report.get("vllm", {}).get("scenarios", {}).get("burst")
     burst_tps = _tps(burst)
     n = report["config"]["requests"]
+    # The peers of issue 11 from the head-to-head rounds' paired ratios where they ran
+    # (serve_rounds.py), else from the single runs above.
+    paired = (report.get("head_to_head") or {}).get("ratios", {})
     rows = []
-    for label, other, minimum in (
+    for label, other, minimum, peer in (
         ("onnxruntime-genai static batch (issue 11)", _tps(engines.get("ortgenai-static")),
-         VS_ORTGENAI_STATIC),
-        ("vllm serve (issue 11)", _tps(vllm_burst), VS_VLLM),
-        ("ingot batch 1 (issue 3)", _tps(engines.get("ingot-batch1")), 4.0),
-        ("transformers static batching (issue 3)", _tps(engines.get("transformers-static")), 3.0),
+         VS_ORTGENAI_STATIC, "onnxruntime-genai static"),
+        ("vllm serve (issue 11)", _tps(vllm_burst), VS_VLLM, "vllm serve"),
+        ("ingot batch 1 (issue 3)", _tps(engines.get("ingot-batch1")), 4.0, None),
+        ("transformers static batching (issue 3)", _tps(engines.get("transformers-static")), 3.0,
+         None),
     ):  # fmt: skip
         ratio = burst_tps / other if burst_tps and other else None
+        source = "single runs"
+        if (paired.get(peer) or {}).get("tokens_per_s") is not None:
+            ratio, source = paired[peer]["tokens_per_s"], "head to head"
         rows.append({
             "target": f"output tok/s at {n} concurrent >= {minimum:g}x {label}",
             "value": ratio, "unit": "x", "met": ratio is not None and ratio >= minimum,
+            "source": source,
         })  # fmt: skip
     ours, theirs = _p50(burst, "ttft_s"), _p50(vllm_burst, "ttft_s")
+    ttft = ours / theirs if ours and theirs else None
+    source = "single runs"
+    if (paired.get("vllm serve") or {}).get("ttft_p50") is not None:
+        ttft, source = paired["vllm serve"]["ttft_p50"], "head to head"
     rows.append({
         "target": f"TTFT p50 at {n} concurrent below vllm serve's (issue 11)",
-        "value": ours / theirs if ours and theirs else None, "unit": "x of vllm's",
-        "met": ours is not None and theirs is not None and ours < theirs,
+        "value": ttft, "unit": "x of vllm's", "met": ttft is not None and ttft < 1,
+        "source": source,
     })  # fmt: skip
     waste = (burst or {}).get("kv", {}).get("waste")
     rows.append({"target": "KV memory waste < 4% (burst, issue 3)", "value": waste, "unit": "%",
@@ -214,7 +226,7 @@ def _markdown(r: dict[str, Any]) -> str:
     ingot_burst, vllm_burst, ortgenai_static = headline[1][1], headline[3][1], headline[4][1]
     lines += [
         "",
-        f"ingot serve at {n} concurrent / onnxruntime-genai static batch: "
+        f"In these single runs, ingot serve at {n} concurrent / onnxruntime-genai static batch: "
         f"{_ratio(_tps(ingot_burst), _tps(ortgenai_static))} (target >= "
         f"{VS_ORTGENAI_STATIC:g}x); / vllm serve at {n} concurrent: "
         f"{_ratio(_tps(ingot_burst), _tps(vllm_burst))} (target >= {VS_VLLM:g}x). "
@@ -223,13 +235,58 @@ def _markdown(r: dict[str, Any]) -> str:
         "",
         _load_line(r),
     ]
-    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    lines += _head_to_head_section(r.get("head_to_head"), n)
+    lines += ["", "## Targets", "", "| target | measured | from | met |", "|---|---|---|---|"]
     for t in r["targets"]:
-        lines.append(f"| {t['target']} | {_shown(t)} | {'yes' if t['met'] else '**no**'} |")
+        met = "yes" if t["met"] else "**no**"
+        lines.append(f"| {t['target']} | {_shown(t)} | {t.get('source', '')} | {met} |")
     lines += _all_runs(r) + _kv_section(server) + _prefix_section(server, c)
     lines += _vllm_section(r) + _ortgenai_section(r)
     lines += _profile_section(r.get("op_profile", {}))
     return "\n".join(lines) + "\n"
+
+
+def _head_to_head_section(h: dict[str, Any] | None, n: int) -> list[str]:
+    """Each round's burst per system, then the paired ratios (serve_rounds.py)."""
+    if not h:
+        return []
+    names = list(h["runs"])
+    lines = [
+        "",
+        f"## Head to head: {n} concurrent, {h['rounds']} rounds",
+        "",
+        "Each round runs every system's burst in turn (order rotated per round; a fresh server "
+        "each time). Output tok/s / TTFT p50 ms per round; the ratios are ingot serve's over "
+        "the peer's in the same round, median over rounds (range in brackets).",
+        "",
+        "| round | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for i in range(h["rounds"]):
+        cells = []
+        for name in names:
+            run = h["runs"][name][i]
+            if not _ok(run):
+                cells.append("failed")
+                continue
+            ttft = _ms(run.get("ttft_s"), "p50") if run.get("ttft_s") else "–"
+            cells.append(f"{run['output_tokens_per_s']:.0f} / {ttft}")
+        lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for peer, ratio in h["ratios"].items():
+        tps, ttft = ratio["tokens_per_s_rounds"], ratio["ttft_p50_rounds"]
+        text = f"ingot serve / {peer}: " + _median_range(ratio["tokens_per_s"], tps) + " tok/s"
+        if ratio["ttft_p50"] is not None:
+            text += ", " + _median_range(ratio["ttft_p50"], ttft) + " TTFT p50"
+        lines.append(f"- {text} ({ratio['paired_rounds']} paired rounds).")
+    return lines
+
+
+def _median_range(value: float | None, values: list[float]) -> str:
+    if value is None:
+        return "–"
+    spread = f" ({min(values):.2f}–{max(values):.2f})" if len(values) > 1 else ""
+    return f"{value:.2f}x{spread}"
 
 
 def _shown(t: dict[str, Any]) -> str:
