@@ -42,11 +42,12 @@ number of output tokens, greedy, EOS ignored). Measured:
   static batch and batch 1.
 
 Head to head (--rounds, default 3; serve_rounds.py): the runs above measure each system once,
-minutes apart, on a host that drifts by 20-30% within minutes. So then, per round, the burst
-of ingot serve, vllm serve (a fresh server each, sharing the compile cache) and
-onnxruntime-genai's static batch, in turn with the order rotated each round; the issue's
-targets are read from the paired ratios (ingot over the peer in the same round, median over
-rounds).
+minutes apart, on a host that drifts by 20-30% within minutes. So then, per round, ingot serve,
+vllm serve (a fresh server each, sharing the compile cache) and onnxruntime-genai's static
+batch, in turn with the order rotated each round. Each server serves the burst twice: prompts
+it has not seen, then the same again (their prefixes cached, as in the runs above, where each
+server had served the prompts before its burst). The issue's targets are read from the paired
+ratios of the first kind (ingot over the peer in the same round, median over rounds).
 
 Host load: the 1-minute load average is sampled (machine.LoadWatch) before every run and once
 more at the end, each time after a pause (--settle-s) and a wait of at most --settle-max-s for
@@ -84,7 +85,7 @@ from machine import LoadWatch, machine_info  # noqa: E402
 from paths import data_dir, models_dir, peer_python, peer_version  # noqa: E402
 from serve_client import run_requests, run_sequential  # noqa: E402
 from serve_report import write_reports  # noqa: E402
-from serve_rounds import OURS, head_to_head  # noqa: E402
+from serve_rounds import OURS, PHASES, head_to_head  # noqa: E402
 from serve_server import (  # noqa: E402
     MODEL_NAME,
     ServerFailed,
@@ -538,13 +539,20 @@ def _vllm_server(model_dir: Path, args, tmp: Path) -> tuple[ServerProcess, str, 
 
 
 def _server_burst(server: ServerProcess, base: str, prompts: list[list[int]], args) -> dict:
-    """Start the server, warm it up, run the burst (every request at once), stop it."""
+    """Start the server, run the burst (every request at once) twice, stop it: first with
+    prompts the server has not seen, then the same again, whose prompts (with prefix caching,
+    on by default in both servers) come largely from the cache, as in the main runs, where
+    each server served the prompts in other scenarios before its burst."""
     try:
         server.start(base, SERVER_START_TIMEOUT_S)
-        run_requests(base, prompts[:2], 8, [0.0, 0.0])  # warm-up, as in the main runs
-        return _scenario(base, prompts, args.output_len, None, one_client=False)
+        run_requests(base, [prompts[0][:8]], 4, [0.0])  # not one of the burst's prompts
+        return {
+            phase: _scenario(base, prompts, args.output_len, None, one_client=False)
+            for phase in PHASES
+        }
     except (ServerFailed, httpx.HTTPError, RuntimeError) as e:
-        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        failed = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        return dict.fromkeys(PHASES, failed)
     finally:
         server.stop()
 
@@ -570,7 +578,10 @@ def _head_to_head(
         )
     if ortgenai is not None:
         job = {"engine": "ortgenai-static", **common, **ortgenai}
-        bursts["onnxruntime-genai static"] = lambda: _worker(job, tmp, args.ortgenai_python)
+        # No prefix cache: both phases are one static-batch run.
+        bursts["onnxruntime-genai static"] = lambda: dict.fromkeys(
+            PHASES, _worker(job, tmp, args.ortgenai_python)
+        )
     return head_to_head(bursts, args.rounds, loads.around, _log)
 
 

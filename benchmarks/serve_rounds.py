@@ -15,30 +15,40 @@ from typing import Any
 
 from decode_rounds import round_order
 
-__all__ = ["OURS", "head_to_head"]
+__all__ = ["OURS", "PHASES", "head_to_head"]
 
 OURS = "ingot serve"
+# A server's first burst (prompts it has not seen), then the same burst again (with prefix
+# caching, its prompts' blocks are cached): the main runs measure the second kind.
+PHASES = ("new prompts", "repeated prompts")
 
 
 def head_to_head(
-    bursts: dict[str, Callable[[], dict[str, Any]]],
+    bursts: dict[str, Callable[[], dict[str, dict[str, Any]]]],
     rounds: int,
     around: Callable[[Callable[[], dict[str, Any]]], dict[str, Any]],
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """`bursts[name]()` runs one burst of that system (OURS among them) and returns its
-    summary (`output_tokens_per_s`, `ttft_s` percentiles) or {"ok": False, "error"}; `around`
-    wraps each run in the host-load bookkeeping. Per system its rounds; per peer the paired
-    throughput ratio and TTFT p50 ratio (ours / theirs), medians over the rounds where both
-    ran."""
+    """`bursts[name]()` runs that system's bursts (OURS among them): {phase: summary
+    (`output_tokens_per_s`, `ttft_s` percentiles) or {"ok": False, "error"}} for each of
+    PHASES; `around` wraps each call in the host-load bookkeeping. Per system its rounds; per
+    phase and peer the paired throughput and TTFT p50 ratios (ours / theirs), medians over the
+    rounds where both ran."""
     names = list(bursts)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for index in range(rounds):
         for name in round_order(names, index):
             log(f"head to head, round {index + 1}/{rounds}: {name}")
             runs[name].append(around(bursts[name]))
-    ratios = {name: _paired(runs[OURS], runs[name]) for name in names if name != OURS}
-    return {"rounds": rounds, "runs": runs, "ratios": ratios}
+    ratios = {
+        phase: {
+            name: _paired([r[phase] for r in runs[OURS]], [r[phase] for r in runs[name]])
+            for name in names
+            if name != OURS
+        }
+        for phase in PHASES
+    }
+    return {"rounds": rounds, "phases": list(PHASES), "runs": runs, "ratios": ratios}
 
 
 def _paired(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -47,8 +57,8 @@ def _paired(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[st
         if not (a.get("ok", True) and b.get("ok", True)):
             continue
         tps.append(a["output_tokens_per_s"] / b["output_tokens_per_s"])
-        ttft.append(a["ttft_s"]["p50"] / b["ttft_s"]["p50"] if "ttft_s" in b else None)
-    ttft = [t for t in ttft if t is not None]
+        if "ttft_s" in a and "ttft_s" in b:
+            ttft.append(a["ttft_s"]["p50"] / b["ttft_s"]["p50"])
     return {
         "paired_rounds": len(tps),
         "tokens_per_s": statistics.median(tps) if tps else None,
