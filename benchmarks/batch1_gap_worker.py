@@ -45,7 +45,9 @@ def ingot_step(spec: dict[str, Any]) -> Callable[[], float]:
 
 def ingot_graph(spec: dict[str, Any]) -> Callable[[], float]:
     """The engine session alone: the binding a decode step at the run's mean context left
-    (inputs, the pool, the output buffers), run again and again with no Python between."""
+    (inputs, the pool, the output buffers), run again and again with no Python between.
+    It reaches into the runtime's private session (`_PagedSession`): the public API has no way
+    to run the graph without the step around it, which is what this case leaves out."""
     from ingot.runtime import SamplingParams
     from ingot.runtime.session import _PagedSession
 

@@ -1,8 +1,8 @@
 """Decode speed of ingot side by side with onnxruntime-genai and llama.cpp, on one host.
 
-Reproduce (alone on a quiet machine; about 35 minutes on 2 cores, some minutes more the first
-time, which builds the 1B checkpoint and every engine's model into the benchmark cache; writes
-benchmarks/results/decode.json and decode.md):
+Reproduce (alone on a quiet machine; about 12 minutes on 2 cores, 696 s for the committed report,
+some minutes more the first time, which builds the 1B checkpoint and every engine's model into the
+benchmark cache; writes benchmarks/results/decode.json and decode.md):
 
     benchmarks/peers/setup.sh onnxruntime-genai && benchmarks/peers/setup.sh llama-cpp
     .venv/bin/python benchmarks/decode.py

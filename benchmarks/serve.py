@@ -7,8 +7,7 @@ Reproduce (on a quiet host: a run whose load exceeds --threads is refused, exit 
     .venv/bin/python benchmarks/serve.py                # writes benchmarks/results/serve.*
 
 Options: [--requests 32] [--output-len 64] [--rates 0.5,1,2] [--rounds 3] [--threads 2]
-[--settle-s 10]
-[--settle-max-s 120] [--model DIR] [--eval-text FILE] [--ortgenai-python PATH]
+[--settle-s 10] [--settle-max-s 120] [--model DIR] [--eval-text FILE] [--ortgenai-python PATH]
 [--vllm-python PATH] [--out-dir DIR] [--quick]. --quick (8 requests, 16 tokens, rate 2, short
 settling) is a smoke run: it writes to <tmp>/ingot-serve-quick unless --out-dir says
 otherwise, never over the committed results.
@@ -58,10 +57,10 @@ the script exits 1. A missing peer (no virtualenv, a failed build or start) is a
 not a crash. Only 127.0.0.1 is contacted; each server runs in its own process group, stopped
 as a whole.
 
-Duration of the full run on the 2-core reference host: about 25 minutes, of which vLLM's first
-start (cold compile cache) takes ~1.5-2, the head-to-head rounds ~8 and the settling before
-each run ~7 (each wait is capped
-by --settle-max-s, so a host that never quiets down adds at most ~30 and is refused).
+Duration of the full run on the 2-core reference host: about 11 minutes (651 s for the
+committed report), of which vLLM's first start (cold compile cache) takes ~1.5-2 and the
+settling before each run ~4 (each wait is capped by --settle-max-s, so a host that never
+quiets down adds at most ~30 and is refused).
 """
 
 from __future__ import annotations
