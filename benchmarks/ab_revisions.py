@@ -37,8 +37,10 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # sibling helper modules; benchmarks/ is not a package
 
+from bench_models import prepare_model  # noqa: E402
 from machine import LoadWatch, load_line, machine_info  # noqa: E402
-from paths import REPO, models_dir, write_report_files  # noqa: E402
+from ort_artifacts import decode_recipe  # noqa: E402
+from paths import REPO, data_dir, models_dir, write_report_files  # noqa: E402
 
 CASES = {"batch 1": (1, 32, 256), "32 x 250": (32, 250, 64)}  # sequences, prompt, new tokens
 
@@ -170,32 +172,9 @@ def _environ() -> dict[str, str]:
 
 
 def _write_recipe(path: Path) -> Path:
-    recipe = {  # JSON is YAML
-        "source": {"path": str(models_dir() / "pydoc-16m")},
-        "quantize": [
-            {
-                "method": "rtn",
-                "bits": 4,
-                "group_size": 32,
-                "symmetric": True,
-                "targets": ["re:.*"],
-                "ignore": [],
-            }
-        ],
-        "kv_cache": {"dtype": "fp32", "block_size": 16},
-        "export": {"max_seq_len": 1024},
-        "targets": [
-            {
-                "engine": "onnxruntime",
-                "device": "cpu",
-                "optimization_level": "extended",
-                "intra_op_num_threads": 2,
-                "matmul_accuracy_level": 4,
-            }
-        ],
-        "artifact": {"name": "ab", "version": "0.0.0"},
-    }
-    path.write_text(json.dumps(recipe, indent=2))
+    """decode.py's recipe of pydoc-16m on 2 threads (JSON is YAML)."""
+    model = prepare_model("pydoc-16m", models_dir(), data_dir() / "pydoc-eval.txt")
+    path.write_text(json.dumps(decode_recipe(model, 2, []), indent=2))
     return path
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "OPTIMIZATION_LEVEL",
     "VARIANT",
     "build_spec",
+    "decode_recipe",
     "export_max_seq_len",
     "find_gguf",
     "gguf_available",
@@ -57,7 +58,7 @@ def build_spec(model: BenchModel, tmp: Path, threads: int, interop: list[str]) -
     """Worker spec that builds the artifact (the recipe is written into tmp), its engine running
     on `threads` threads, with the `interop` formats."""
     recipe = tmp / f"{model.name}-{VARIANT}.yaml"
-    recipe.write_text(json.dumps(_recipe(model, threads, interop), indent=2))
+    recipe.write_text(json.dumps(decode_recipe(model, threads, interop), indent=2))
     return {
         "kind": "build",
         "recipe": str(recipe),
@@ -100,7 +101,9 @@ def prune_stale_caches() -> list[str]:
     return [str(p) for p in stale]
 
 
-def _recipe(model: BenchModel, threads: int, interop: list[str]) -> dict:
+def decode_recipe(model: BenchModel, threads: int, interop: list[str]) -> dict:
+    """The decode benchmarks' recipe (RTN int4 g32 symmetric, lm_head included, KV fp32, ORT
+    CPU at MatMulNBits accuracy level 4) of `model` on `threads` threads, with `interop`."""
     recipe = {  # JSON is YAML: the recipe loader reads it as is
         "source": {"path": str(model.path)},
         "quantize": [
