@@ -1,6 +1,6 @@
 """Where ingot's batch-1 gap to onnxruntime-genai is: the graph, or the loop around it.
 
-Reproduce (about 6 minutes on 2 cores once decode.py has built the models into the benchmark
+Reproduce (about 8 minutes on 2 cores once decode.py has built the models into the benchmark
 cache, else it builds them first; writes benchmarks/results/batch1_gap.json and .md; a run whose
 host load exceeded the thread count is refused):
 
@@ -22,6 +22,12 @@ turn with the order rotated each round:
 
 So ingot_step / ortgenai_step (decode.py's ratio) factors into graph / graph (the kernels ORT
 runs for each model) times each side's loop overhead (step / graph).
+
+On pydoc-16m the rounds also time changed copies of ingot's engine graph
+(batch1_gap_worker.VARIANTS), over the same pool and inputs as ingot_graph: without attention,
+without the pool gathers (past K/V from a constant), and with each residual Add fused into the
+next RMSNormalization (fewer nodes, the same work). Each one's saving, ingot_graph minus the
+variant, says what that part of the graph costs.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ from worker import run_worker  # noqa: E402
 CASES = ("ingot_step", "ingot_graph", "ortgenai_step", "ortgenai_graph")
 # Timed repeats per process (each one decode of 127 tokens); the 1B shape's take seconds each.
 REPEATS = {"pydoc-16m": 7, "llama-1b-shape": 2}
+# Changed copies of ingot's engine graph timed like ingot_graph (pydoc-16m only): what
+# attention, the pool gathers and separate residual Adds cost.
+ABLATIONS = ("no_attention", "no_pool_gather", "fused_skip_norm")
 WORKER_TIMEOUT_S = 600
 BUILD_TIMEOUT_S = 3600
 
@@ -109,19 +118,29 @@ def _prepare(name: str, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
 def _measure(
     spec: dict[str, Any], args: argparse.Namespace, tmp: Path, watch: LoadWatch
 ) -> dict[str, Any]:
-    """Every case once per round, each in its own process, the order rotated per round."""
-    rounds: dict[str, list[float]] = {case: [] for case in CASES}
+    """Every case once per round, each in its own process, the order rotated per round;
+    pydoc-16m's rounds also time the engine graph's ablations (batch1_gap_worker.VARIANTS)."""
+    ablations = ABLATIONS if spec["repeats"] == REPEATS["pydoc-16m"] else ()
+    cases = [*CASES, *(f"ingot_graph/{v}" for v in ablations)]
+    rounds: dict[str, list[float]] = {case: [] for case in cases}
     for index in range(args.rounds):
-        for case in round_order(list(CASES), index):
+        for case in round_order(cases, index):
             python = args.ortgenai_python if case.startswith("ortgenai") else None
-            worker = HERE / "batch1_gap_worker.py"
-            result = run_worker(worker, spec | {"case": case}, tmp, WORKER_TIMEOUT_S, python)
+            kind, _, variant = case.partition("/")
+            job = spec | {"case": kind, "variant": variant, "tmp": str(tmp)}
+            result = run_worker(HERE / "batch1_gap_worker.py", job, tmp, WORKER_TIMEOUT_S, python)
             rounds[case].append(result["us_per_token"])
             watch.sample()
+    base = rounds["ingot_graph"]
+    saved = {
+        v: [a - b for a, b in zip(base, rounds[f"ingot_graph/{v}"], strict=True)] for v in ablations
+    }
     return {
         "us_per_token": {case: statistics.median(v) for case, v in rounds.items()},
         "rounds_us_per_token": rounds,
         "factors": _factors(rounds),
+        # µs the ablated part costs: ingot_graph minus the variant, paired per round
+        "ablations_us": {v: statistics.median(d) for v, d in saved.items()},
     }
 
 
@@ -167,7 +186,7 @@ def _markdown(report: dict[str, Any]) -> str:
             "",
             "| case | µs per token |",
             "|---|---:|",
-            *[f"| {case} | {us[case]:.0f} |" for case in CASES],
+            *[f"| {case} | {value:.0f} |" for case, value in us.items()],
             "",
             "| factor | ratio | range over rounds | what it is |",
             "|---|---:|---:|---|",
@@ -175,6 +194,20 @@ def _markdown(report: dict[str, Any]) -> str:
         for factor, f in model["factors"].items():
             low, high = min(f["rounds"]), max(f["rounds"])
             lines.append(f"| {factor} | {f['ratio']:.2f} | {low:.2f}–{high:.2f} | {f['meaning']} |")
+        if model.get("ablations_us"):
+            lines += [
+                "",
+                "Ablations of ingot's graph (ingot_graph/variant: a changed copy over the same "
+                "pool and inputs; µs = ingot_graph minus the variant, median of the rounds' "
+                "differences): no_attention replaces each Attention by Identity, "
+                "no_pool_gather feeds each layer's past K and V from a constant instead of "
+                "gathering the pool's blocks, fused_skip_norm fuses each residual Add into the "
+                "next RMSNormalization (SkipSimplifiedLayerNormalization, 15 fewer nodes).",
+                "",
+                "| variant | µs per token it saves |",
+                "|---|---:|",
+                *[f"| {v} | {d:.0f} |" for v, d in model["ablations_us"].items()],
+            ]
     lines += ["", load_line(report["load"], report["refused"]), ""]
     return "\n".join(lines)
 

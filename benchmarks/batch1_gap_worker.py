@@ -46,19 +46,21 @@ def ingot_step(spec: dict[str, Any]) -> Callable[[], float]:
 def ingot_graph(spec: dict[str, Any]) -> Callable[[], float]:
     """The engine session alone: the binding a decode step at the run's mean context left
     (inputs, the pool, the output buffers), run again and again with no Python between.
-    It reaches into the runtime's private session (`_PagedSession`): the public API has no way
-    to run the graph without the step around it, which is what this case leaves out."""
+    With `spec["variant"]` (VARIANTS) the session is a changed copy of the engine graph over
+    the same pool and inputs: what the changed part costs. It reaches into the runtime's
+    private session (`_PagedSession`): the public API has no way to run the graph without
+    the step around it, which is what this case leaves out."""
     from ingot.runtime import SamplingParams
-    from ingot.runtime.session import _PagedSession
+    from ingot.runtime.session import EngineSession, _PagedSession
 
     model = _ingot_model(spec)
     generator = model.generator()
     context = len(spec["prompt"]) + CALLS // 2
-    last: list[_PagedSession] = []
+    last: list[tuple[_PagedSession, Any]] = []
     call = _PagedSession._call
 
     def capture(self: _PagedSession, batch: Any, **extra: Any) -> Any:
-        last[:] = [self]
+        last[:] = [(self, batch)]
         return call(self, batch, **extra)
 
     _PagedSession._call = capture  # type: ignore[method-assign]
@@ -67,14 +69,118 @@ def ingot_graph(spec: dict[str, Any]) -> Callable[[], float]:
     while generator.has_unfinished():
         generator.step()  # the last call is a decode step at `context`
     _PagedSession._call = call  # type: ignore[method-assign]
-    session = last[0]
+    session, batch = last[0]
+    if spec.get("variant"):
+        s, max_blocks = batch.block_tables.shape
+        _, block, kv_heads, head_dim = model.pool.k[0].shape  # [blocks, B, Hkv, D]
+        past = [s, max_blocks * block, kv_heads * head_dim]  # what each pool gather yields
+        engine = model.root / model.engine.path
+        graph = VARIANTS[spec["variant"]](engine, Path(spec["tmp"]), past)
+        session = EngineSession(graph, model.pool, model.engine.session_options)
+        session._call(batch)  # binds the batch's inputs and the outputs once
     run, binding = session._session.run_with_iobinding, session._binding
 
     def timed() -> float:
         return _per_call(lambda: run(binding))
 
-    timed.model = model  # type: ignore[attr-defined]  # owns the pool the binding points into
+    # The binding points into memory these own (the pool; the batch's inputs; the session's
+    # output buffers) without holding it: keep them alive as long as the case runs.
+    timed.owners = (model, batch, session)  # type: ignore[attr-defined]
     return timed
+
+
+def _without_attention(engine: Path, tmp: Path, past: list[int]) -> Path:
+    """Each Attention replaced by Identity of its query: the attention kernels' cost. The
+    pool gathers still run (ORT keeps nodes whose outputs go unused)."""
+    return _rewrite(engine, tmp / "no_attention.onnx", _replace("Attention", lambda n: n.input[0]))
+
+
+def _without_pool_gather(engine: Path, tmp: Path, past: list[int]) -> Path:
+    """Each layer's past K and V taken from one constant of the gathered shape `past`
+    [S, T, Hkv*D] instead of Gather + Reshape from the pool: what reading the pool costs."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(engine))
+    model.graph.initializer.append(
+        numpy_helper.from_array(np.zeros(past, np.float32), "ablation.past")
+    )
+    kept = []
+    for node in model.graph.node:
+        if node.op_type == "Gather" and node.name.endswith(("/k_gather", "/v_gather")):
+            continue
+        if node.op_type == "Reshape" and node.name.endswith(("/k_past", "/v_past")):
+            node = helper.make_node("Identity", ["ablation.past"], [node.output[0]])
+        kept.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    return _save(model, tmp / "no_pool_gather.onnx")
+
+
+def _fused_skip_norm(engine: Path, tmp: Path, past: list[int]) -> Path:
+    """Each residual Add feeding an RMSNormalization fused with it into ORT's
+    SkipSimplifiedLayerNormalization (as onnxruntime-genai's graph has them): fewer nodes,
+    the same work."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(engine))
+    producer = {out: n for n in model.graph.node for out in n.output}
+    adds, fused = set(), {}
+    for node in model.graph.node:
+        add = producer.get(node.input[0]) if node.op_type == "RMSNormalization" else None
+        if add is None or add.op_type != "Add":
+            continue
+        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+        adds.add(add.name)
+        fused[node.name] = helper.make_node(
+            "SkipSimplifiedLayerNormalization",
+            [add.input[0], add.input[1], node.input[1]],
+            [node.output[0], "", "", add.output[0]],  # output 3: the residual sum
+            domain="com.microsoft",
+            epsilon=eps,
+        )
+    kept = [fused.get(n.name, n) for n in model.graph.node if n.name not in adds]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return _save(model, tmp / "fused_skip_norm.onnx")
+
+
+def _replace(op_type: str, source: Callable[[Any], str]) -> Callable[[Any], Any]:
+    from onnx import helper
+
+    def edit(node: Any) -> Any:
+        if node.op_type != op_type:
+            return node
+        return helper.make_node("Identity", [source(node)], [node.output[0]], name=node.name)
+
+    return edit
+
+
+def _rewrite(engine: Path, out: Path, edit: Callable[[Any], Any]) -> Path:
+    import onnx
+
+    model = onnx.load(str(engine))
+    kept = [edit(n) for n in model.graph.node]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    return _save(model, out)
+
+
+def _save(model: Any, out: Path) -> Path:
+    import onnx
+
+    onnx.save(model, str(out), save_as_external_data=True, location=out.name + ".data")
+    return out
+
+
+VARIANTS = {
+    "no_attention": _without_attention,
+    "no_pool_gather": _without_pool_gather,
+    "fused_skip_norm": _fused_skip_norm,
+}
 
 
 def ortgenai_step(spec: dict[str, Any]) -> Callable[[], float]:
