@@ -78,7 +78,7 @@ def build_inputs(
     """Inputs for sequences given as (block table, new token ids, start position).
 
     The block table must already hold blocks for positions start .. start+n-1 (see
-    `BlockTable.slots_for`); tokens before `start` are read from the pool. With `all_logits`
+    `BlockTable.reserve`); tokens before `start` are read from the pool. With `all_logits`
     the call computes the logits of every real new token, not only each sequence's last. With
     `scratch_block` (the pool's, `KVPool.scratch_block`) the inputs are for a graph that writes
     the call's K/V into the pool itself (`kv_slots`), else for one that returns them.
@@ -126,7 +126,7 @@ def _general_inputs(
         if start + n > len(table.block_ids) * block_size:
             raise ValueError(
                 f"sequence {s}: positions {start}..{start + n - 1} are beyond its "
-                f"{len(table.block_ids)} blocks; allocate with BlockTable.slots_for first"
+                f"{len(table.block_ids)} blocks; allocate with BlockTable.reserve first"
             )
         input_ids[s, :n] = ids
         positions[s, :n] = np.arange(start, start + n)
@@ -240,7 +240,7 @@ def _decode_inputs(
         if start >= len(blocks) * block_size:
             raise ValueError(
                 f"sequence {s}: position {start} is beyond its {len(blocks)} blocks; "
-                "allocate with BlockTable.slots_for first"
+                "allocate with BlockTable.reserve first"
             )
         block_tables[s, : listed[s]] = blocks[: listed[s]]
         slots[s] = blocks[start // block_size] * block_size + start % block_size

@@ -409,7 +409,7 @@ class Generator:
         room = self.config.max_seq_len - len(seq.token_ids)
         k = min(k, req.params.max_tokens - num_out - 1, room, self.scheduler.capacity(seq))
         if k > 0:
-            seq.table.slots_for(k)
+            seq.table.reserve(k)
         return max(k, 0)
 
     def _verify(self, chunks: list[Chunk], drafts: list[list[int]]) -> list[StepOutput]:

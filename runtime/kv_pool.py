@@ -182,7 +182,16 @@ class BlockTable:
         return max(0, total - len(self.block_ids))
 
     def slots_for(self, n_new: int) -> np.ndarray:
-        """Pool slots [n_new] int64 for the next `n_new` tokens, allocating blocks on demand.
+        """Pool slots [n_new] int64 for the next `n_new` tokens, allocating blocks on demand
+        (`reserve`, which see)."""
+        first = self.num_tokens
+        self.reserve(n_new)
+        positions = np.arange(first, first + n_new, dtype=np.int64)
+        return slots_of(self.block_ids, self.block_size, positions)
+
+    def reserve(self, n_new: int) -> None:
+        """Take the next `n_new` positions, allocating blocks on demand: `slots_for` without
+        computing the slots (the scheduler's per-step call; build_inputs finds them).
 
         All or nothing: if the pool cannot hold them, OutOfBlocks is raised and the table is
         unchanged, so the caller can preempt something and retry.
@@ -195,9 +204,7 @@ class BlockTable:
             )
         for _ in range(need):
             self.block_ids.append(self.allocator.allocate())
-        positions = np.arange(self.num_tokens, self.num_tokens + n_new, dtype=np.int64)
         self.num_tokens += n_new
-        return slots_of(self.block_ids, self.block_size, positions)
 
     def share(self, blocks: list[int]) -> None:
         """Start the table with full blocks that already hold its first tokens (cache hits)."""

@@ -186,7 +186,7 @@ class Scheduler:
             fit = min(n, self.capacity(seq))
             if fit:
                 into.append(Chunk(seq, seq.num_computed, fit))
-                seq.table.slots_for(fit)
+                seq.table.reserve(fit)
                 scheduled.add(seq)
                 return fit
             victim = next(s for s in reversed(self.running) if s not in scheduled)
@@ -223,7 +223,7 @@ class Scheduler:
         self.waiting.popleft()
         seq.table.share(hits)  # before allocating: the allocator must not evict the hits
         seq.num_cached_blocks = len(hits)
-        seq.table.slots_for(n)
+        seq.table.reserve(n)
         self.running.append(seq)
         prefill.append(Chunk(seq, start, n))
         if self.cache is not None:

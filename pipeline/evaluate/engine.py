@@ -74,7 +74,7 @@ def engine_perplexity(
     try:
         for ids in windows:
             table = BlockTable(pool.allocator, block)
-            table.slots_for(length)
+            table.reserve(length)
             batch = build_inputs([(table, ids.tolist(), 0)], scratch_block=session.scratch_block)
             batch.logits_indices = np.arange(length, dtype=np.int64)  # every row, not the last
             logits, _ = session.run(batch)  # [L, V]

@@ -99,7 +99,7 @@ def test_a_decode_batch_has_no_padding_and_writes_every_row(pool):
 def test_unallocated_positions_are_refused(pool):
     table = pool.new_block_table()
     table.slots_for(2)
-    with pytest.raises(ValueError, match="slots_for first"):
+    with pytest.raises(ValueError, match="reserve first"):
         build_inputs([(table, [1], 2)])
     with pytest.raises(ValueError, match="at least one"):
         build_inputs([])

@@ -55,8 +55,8 @@ def test_block_table_allocates_on_demand_and_returns_slots():
     assert table.num_tokens == 6 and pool.allocator.num_free == 2
     np.testing.assert_array_equal(table.slots_for(2), [b1 * 4 + 2, b1 * 4 + 3])
     assert len(table.block_ids) == 2  # still fits the second block
-    table.slots_for(1)
-    assert len(table.block_ids) == 3
+    table.reserve(1)  # the same allocation, no slots computed
+    assert len(table.block_ids) == 3 and table.num_tokens == 9
     table.release()
     assert table.block_ids == [] and table.num_tokens == 0 and pool.allocator.num_free == 4
 
@@ -66,6 +66,8 @@ def test_block_table_allocation_is_all_or_nothing():
     table = pool.new_block_table()
     with pytest.raises(OutOfBlocks, match="need 3 more KV cache blocks, 2 of 2 are free"):
         table.slots_for(5)
+    with pytest.raises(OutOfBlocks):
+        table.reserve(5)
     assert table.block_ids == [] and table.num_tokens == 0 and pool.allocator.num_free == 2
 
 
