@@ -119,7 +119,9 @@ class _Request:
     streamed: int = 0  # characters of `text` already handed out as deltas
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
-    cumulative_logprob: float = 0.0  # of the sampled tokens, under the raw logits
+    # Of the sampled tokens, under the raw logits; None unless tracked: with `logprobs` or
+    # when `ranked` (vLLM's: a vocabulary-wide logsumexp per token only where it is asked for).
+    cumulative_logprob: float | None = None
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
     drafting: DraftState = field(default_factory=DraftState)
@@ -154,7 +156,10 @@ class Generator:
         self.config = config
         self.speculation = speculation
         self.scheduler = Scheduler(
-            pool, config.max_num_seqs, config.max_num_batched_tokens, config.enable_prefix_caching
+            pool,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.enable_prefix_caching,
         )
         self._ids = itertools.count()
         self._requests: dict[int, _Request] = {}  # unfinished
@@ -208,6 +213,7 @@ class Generator:
             decoder=self.tokenizer.incremental_decoder(prompt_ids),
             hold=max(map(len, params.stop), default=1) - 1,
             processor=LogitsProcessor(params, prompt_ids, self.config.eos_token_ids, matcher),
+            cumulative_logprob=0.0 if params.logprobs is not None or params.ranked else None,
         )
         self.scheduler.add(seq)
         return request_id
@@ -346,9 +352,7 @@ class Generator:
         inputs.write_kv(self.pool, new_kv)
         if observe and soon:
             self.speculation.drafter.observe(inputs, chunks)  # a draft model prefills too
-        # What every row needs, in one vector operation each rather than one call per row.
-        normalizers = logsumexp_rows(last)  # [S]
-        argmaxes = last.argmax(axis=-1)  # [S]
+        argmaxes = last.argmax(axis=-1)  # [S]: one vector operation rather than one per row
         outputs = []
         q = inputs.input_ids.shape[1]
         for s, chunk in enumerate(chunks):
@@ -360,7 +364,7 @@ class Generator:
                 if hidden is not None:  # a copy: the session's buffer is written next call
                     chunk.seq.last_hidden = hidden[s].copy()
                 req = self._requests[chunk.seq.id]
-                outputs.append(self._append(req, last[s], normalizers[s], int(argmaxes[s])))
+                outputs.append(self._append(req, last[s], int(argmaxes[s])))
                 self._retire_if_finished(req)
         return outputs
 
@@ -426,7 +430,6 @@ class Generator:
         logits, new_kv = self.session.run(inputs)  # [T, V]: every real token, in order
         hidden = self.session.hidden if self._needs_hidden else None  # [T, H], as `logits`
         features = self.session.aux_hidden if self._needs_features else None  # [S*Q, 3Ht]
-        normalizers = logsumexp_rows(logits)  # [T]
         argmaxes = logits.argmax(axis=-1)  # [T]
         outputs: list[StepOutput] = []
         kept: list[int] = []  # tokens (rows of `logits`) whose K/V go into the pool
@@ -438,7 +441,7 @@ class Generator:
             for i in range(len(draft) + 1):
                 proposal = draft[i] if i < len(draft) else None
                 r = row + i
-                out = self._append(req, logits[r], normalizers[r], int(argmaxes[r]), proposal)
+                out = self._append(req, logits[r], int(argmaxes[r]), proposal)
                 outputs.append(out)
                 if out.finished or proposal is None or out.token != proposal:
                     break
@@ -494,11 +497,10 @@ class Generator:
         self,
         req: _Request,
         logits: np.ndarray,
-        normalizer: float,
         argmax: int,
         draft: int | None = None,
     ) -> StepOutput:
-        """Sample `req`'s next token from its logits [V] (whose logsumexp and argmax are given)
+        """Sample `req`'s next token from its logits [V] (whose argmax is given)
         and check its stop conditions. With a `draft` in that place, the token is drawn by
         `sample_verified`: the draft itself if it is accepted. The caller retires a finished
         request (after writing its K/V)."""
@@ -515,8 +517,8 @@ class Generator:
             req.logprobs.append(logprob)
             req.top_logprobs.append(top)
             req.cumulative_logprob += logprob
-        else:
-            req.cumulative_logprob += float(logits[token]) - float(normalizer)
+        elif req.cumulative_logprob is not None:  # ranked: the token's logprob only
+            req.cumulative_logprob += float(logits[token] - logsumexp_rows(logits[None])[0])
         req.seq.token_ids.append(token)
         req.processor.accept(token)
         num_out = len(req.seq.token_ids) - req.seq.num_prompt_tokens

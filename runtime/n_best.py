@@ -15,7 +15,7 @@ __all__ = ["pick_best"]
 
 class _Scored(Protocol):
     @property
-    def cumulative_logprob(self) -> float: ...
+    def cumulative_logprob(self) -> float | None: ...  # set on `ranked` samples
 
 
 S = TypeVar("S", bound=_Scored)
@@ -32,5 +32,7 @@ def pick_best(completions: Sequence[S], n: int) -> list[S]:
         raise ValueError(f"n must be in [1, {len(completions)}] (the samples), got {n}")
     if len(completions) == n:
         return list(completions)
+    if any(c.cumulative_logprob is None for c in completions):
+        raise ValueError("best_of > n ranks samples by cumulative logprob: fan_out's `ranked`")
     ranked = sorted(range(len(completions)), key=lambda i: (-completions[i].cumulative_logprob, i))
     return [completions[i] for i in ranked[:n]]

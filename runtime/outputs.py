@@ -22,9 +22,9 @@ class Completion:
     # vLLM's: the stop string, or the stop_token_ids entry, that ended it (None for EOS,
     # length, or a complete structured output).
     stop_reason: str | int | None = None
-    # Sum of the sampled tokens' logprobs under the raw model distribution (always computed:
-    # best_of ranks by it).
-    cumulative_logprob: float = 0.0
+    # Sum of the sampled tokens' logprobs under the raw model distribution: None unless the
+    # request asked for logprobs or is `ranked` (a best_of sample), as vLLM.
+    cumulative_logprob: float | None = None
 
 
 class StepOutput(NamedTuple):

@@ -50,6 +50,9 @@ class SamplingParams:
     # returned. The Generator runs one sample per request: `fan_out` makes the requests.
     n: int = 1
     best_of: int | None = None
+    # Set by `fan_out` on the samples of a best_of > n request: their cumulative logprob is
+    # tracked (without `logprobs`) because `pick_best` ranks them by it.
+    ranked: bool = False
     # Penalties, vLLM's semantics (runtime/logits.py): presence and frequency on the output
     # tokens so far, repetition on prompt and output tokens (> 1 discourages repeats).
     presence_penalty: float = 0.0  # [-2, 2]
@@ -100,7 +103,7 @@ class SamplingParams:
             raise ValueError(
                 f"min_tokens must be at most max_tokens ({self.max_tokens}), got {self.min_tokens}"
             )
-        for name in ("ignore_eos", "include_stop_str_in_output"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "ranked"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
@@ -129,10 +132,14 @@ def fan_out(params: SamplingParams) -> list[SamplingParams]:
 
     With a seed s, sample i is seeded s + i, so a seeded request gives the same samples
     however it is run (LLM.generate or the server); without one every sample draws fresh
-    entropy. Each copy has n = 1 and best_of = None; everything else is `params`' own.
+    entropy. Each copy has n = 1 and best_of = None, and is `ranked` if best_of > n;
+    everything else is `params`' own.
     """
+    ranked = params.num_samples > params.n
     seeds = [None if params.seed is None else params.seed + i for i in range(params.num_samples)]
-    return [dataclasses.replace(params, n=1, best_of=None, seed=seed) for seed in seeds]
+    return [
+        dataclasses.replace(params, n=1, best_of=None, seed=seed, ranked=ranked) for seed in seeds
+    ]
 
 
 def _is_number(value: object) -> bool:

@@ -302,7 +302,7 @@ class AsyncLLM:
             num_prompt_tokens=len(stream.prompt_ids),
             num_output_tokens=live.num_output,
             stop_reason=None if finish_reason is None else completion.stop_reason,
-            cumulative_logprob=0.0 if finish_reason is None else completion.cumulative_logprob,
+            cumulative_logprob=None if finish_reason is None else completion.cumulative_logprob,
         )
 
     def _publish_stats(self, generator: Generator) -> None:

@@ -55,7 +55,7 @@ class _Sample:
     deltas: list[RequestDelta] = dataclasses.field(default_factory=list)
 
     @property
-    def cumulative_logprob(self) -> float:
+    def cumulative_logprob(self) -> float | None:  # set for `ranked` samples
         return self.deltas[-1].cumulative_logprob
 
 

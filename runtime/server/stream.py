@@ -45,7 +45,8 @@ class RequestDelta:
     num_prompt_tokens: int
     num_output_tokens: int  # so far, including these
     stop_reason: str | int | None = None  # on the last output: the stop string or token id
-    cumulative_logprob: float = 0.0  # on the last output: of all its sampled tokens
+    # On the last output: of all its sampled tokens, if tracked (Completion.cumulative_logprob).
+    cumulative_logprob: float | None = None
 
 
 class RequestStream:

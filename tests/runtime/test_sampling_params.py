@@ -190,13 +190,17 @@ def test_stop_reason_in_step_outputs_and_completions(tokenizer):
 def test_cumulative_logprob_is_the_sum_of_the_raw_logprobs(tokenizer):
     gen = _random(tokenizer)
     base = {"max_tokens": 6, "temperature": 0.7, "seed": 3, "ignore_eos": True}
-    [scored, plain] = gen.generate(
-        [[5, 6], [5, 6]], [SamplingParams(logprobs=0, **base), SamplingParams(**base)]
+    [scored, ranked, plain] = gen.generate(
+        [[5, 6]] * 3,
+        [SamplingParams(logprobs=0, **base), SamplingParams(ranked=True, **base)]
+        + [SamplingParams(**base)],
     )
-    assert scored.token_ids == plain.token_ids
+    assert scored.token_ids == ranked.token_ids == plain.token_ids
     assert scored.cumulative_logprob == pytest.approx(sum(scored.logprobs))
-    assert plain.cumulative_logprob == pytest.approx(scored.cumulative_logprob, rel=1e-5)
-    assert plain.cumulative_logprob < 0
+    # A ranked sample tracks it without logprobs; a plain request does not (vLLM: None).
+    assert ranked.cumulative_logprob == pytest.approx(scored.cumulative_logprob, rel=1e-5)
+    assert ranked.cumulative_logprob < 0 and ranked.logprobs is None
+    assert plain.cumulative_logprob is None
 
 
 def test_fan_out_seeds_sample_i_with_seed_plus_i():
@@ -204,6 +208,8 @@ def test_fan_out_seeds_sample_i_with_seed_plus_i():
     fanned = fan_out(params)
     assert [p.seed for p in fanned] == [10, 11, 12]
     assert all(p.n == 1 and p.best_of is None and p.presence_penalty == 0.5 for p in fanned)
+    assert all(p.ranked for p in fanned)  # best_of > n: pick_best ranks them
+    assert not any(p.ranked for p in fan_out(SamplingParams(n=3)))  # all returned: no ranking
     assert params.n == 2 and params.best_of == 3  # the original is unchanged
     assert [p.seed for p in fan_out(SamplingParams(n=2))] == [None, None]
     assert len(fan_out(SamplingParams())) == 1
@@ -217,7 +223,7 @@ def test_the_generator_refuses_more_than_one_sample(tokenizer):
         gen.add([BACKTICK], SamplingParams(best_of=2))
 
 
-def _completion(i: int, cumulative: float) -> Completion:
+def _completion(i: int, cumulative: float | None) -> Completion:
     return Completion(i, [1], [2], "x", "length", cumulative_logprob=cumulative)
 
 
@@ -233,6 +239,8 @@ def test_pick_best_by_cumulative_logprob():
     assert [c.request_id for c in pick_best(samples, 4)] == [0, 1, 2, 3]  # n == best_of: order
     with pytest.raises(ValueError, match="n must be"):
         pick_best(samples, 5)
+    with pytest.raises(ValueError, match="ranked"):  # samples nobody tracked cannot be ranked
+        pick_best([*samples, _completion(4, None)], 2)
 
 
 def test_n_samples_through_the_generator_are_seeded_and_differ(tokenizer):

@@ -118,3 +118,19 @@ def test_speculative_generation_has_the_target_distribution(tokenizer):
     counts = _first_two(True, n, tokenizer)
     observed = np.array([counts[c] for c in cells])
     assert _fits(observed, np.array([expected[c] for c in cells]) * n)
+
+
+def test_ranked_samples_track_cumulative_logprob_through_verification(tokenizer):
+    """Drafted rows go through the same bookkeeping as plain ones: a ranked sample's sum
+    equals what a request with logprobs reports, token for token the same draws."""
+    pool = KVPool(num_layers=1, num_blocks=64, block_size=4, num_kv_heads=1, head_dim=2)
+    config = SpeculativeConfig("ngram", num_speculative_tokens=3, adaptive=False)
+    spec = Speculation(config, FixedDrafter())
+    generator = Generator(TableSession(), pool, tokenizer, GeneratorConfig(max_seq_len=32), spec)
+    base = {"max_tokens": 6, "temperature": 1.0, "seed": 4, "ignore_eos": True}
+    scored, ranked = generator.generate(
+        [[2, 0]] * 2, [SamplingParams(logprobs=0, **base), SamplingParams(ranked=True, **base)]
+    )
+    assert spec.stats.num_accepted_tokens > 0  # some tokens came from verified drafts
+    assert scored.token_ids == ranked.token_ids
+    assert ranked.cumulative_logprob == pytest.approx(sum(scored.logprobs), rel=1e-5)
