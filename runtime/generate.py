@@ -1,7 +1,8 @@
 """The generation loop: the scheduler decides each step, the generator runs it and samples.
 
-One step is at most one decode-batch call and one prefill-chunk call of the engine session
-(see scheduler.py for who gets which tokens). Each call's new keys and values reach the pool
+One step is at most one decode-batch call and a few prefill calls of the engine session, each
+of chunks of similar lengths (see scheduler.py for who gets which tokens and how they are
+split). Each call's new keys and values reach the pool
 (the engine writes them itself, or an fp8 engine returns them and they are scattered), full
 blocks are offered to the prefix cache, and every sequence whose chunk completed it samples its
 next token (its logits through the request's LogitsProcessor first: penalties, logit_bias,
@@ -275,7 +276,9 @@ class Generator:
         # Drafts ride in the decode call: they get what the scheduled tokens left of the budget.
         spare = self.scheduler.max_num_batched_tokens - plan.num_batched_tokens
         outputs = self._decode(plan.decode, spare) if plan.decode else []
-        return outputs + (self._run(plan.prefill, observe=True) if plan.prefill else [])
+        for call in plan.prefill_calls:  # chunks of similar lengths together
+            outputs += self._run(call, observe=True)
+        return outputs
 
     def generate(
         self,

@@ -3,6 +3,8 @@ whole context as read back from the pool: a block shared wrongly, a slot written
 place or a mask off by one changes the tokens, so comparing with a pure-Python reference checks
 the KV cache end to end."""
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,6 +12,12 @@ from hypothesis import strategies as st
 
 from ingot.runtime import Generator, SamplingParams, SchedulerStats
 from ingot.runtime.kv_pool import KVPool
+from ingot.runtime.scheduler import (
+    CALL_COST_TOKENS,
+    MAX_PREFILL_CALLS,
+    Chunk,
+    split_prefill,
+)
 
 from generator_support import V, fake_generator, new_kv, picked_rows, step_arrays
 
@@ -151,7 +159,8 @@ def test_no_block_is_leaked_or_shared_wrongly(
         elif op == "step" and gen.has_unfinished():
             before = len(gen.session.calls)
             gen.step()
-            assert len(gen.session.calls) - before <= 2  # one decode, one prefill call at most
+            # One decode call, the prefill in at most MAX_PREFILL_CALLS.
+            assert len(gen.session.calls) - before <= 1 + MAX_PREFILL_CALLS
         _check_invariants(gen)
     assert not gen.has_unfinished()
     assert gen.pool.allocator.num_free == gen.pool.num_blocks
@@ -170,7 +179,7 @@ def test_chunked_prefill_spreads_a_long_prompt_over_steps(tokenizer):
         before = len(gen.session.calls)
         outputs = gen.step()
         calls = gen.session.calls[before:]
-        assert len(calls) <= 2
+        assert len(calls) <= 1 + MAX_PREFILL_CALLS
         # The budget holds for what the engine computes: decodes plus the padded prefill.
         assert sum(s * q for s, q in calls) <= 6
         for out in outputs:
@@ -181,6 +190,46 @@ def test_chunked_prefill_spreads_a_long_prompt_over_steps(tokenizer):
     assert gen.pop_completion(long).token_ids == reference(long_prompt, 6, 64)
     assert gen.pop_completion(short).token_ids == reference([5], 6, 64)
     assert gen.pool.allocator.num_free == gen.pool.num_blocks
+
+
+def _cost(calls: list[list[int]]) -> int:
+    """Padded tokens plus CALL_COST_TOKENS per call, of calls given as chunk lengths."""
+    return sum(len(c) * max(c) + CALL_COST_TOKENS for c in calls)
+
+
+def _best_cost(lengths: list[int]) -> int:
+    """The cheapest split of `lengths` into at most MAX_PREFILL_CALLS calls of runs of the
+    sorted lengths, by trying every set of cut points."""
+    ordered = sorted(lengths, reverse=True)
+    n, best = len(ordered), None
+    for k in range(min(MAX_PREFILL_CALLS, n)):
+        for cuts in itertools.combinations(range(1, n), k):
+            bounds = [0, *cuts, n]
+            calls = [ordered[a:b] for a, b in itertools.pairwise(bounds)]
+            best = _cost(calls) if best is None else min(best, _cost(calls))
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=9))
+def test_split_prefill_finds_the_cheapest_split(lengths):
+    chunks = [Chunk(None, 0, n) for n in lengths]
+    calls = split_prefill(chunks)
+    assert len(calls) <= MAX_PREFILL_CALLS
+    # Every chunk once; calls in order of their first chunk, chunks in their order.
+    indices = [[next(i for i, c in enumerate(chunks) if c is x) for x in call] for call in calls]
+    assert sorted(i for call in indices for i in call) == list(range(len(chunks)))
+    assert all(call == sorted(call) for call in indices) and indices == sorted(indices)
+    assert _cost([[c.num_tokens for c in call] for call in calls]) == _best_cost(lengths)
+
+
+def test_a_mixed_length_prefill_runs_as_calls_of_similar_lengths(tokenizer):
+    gen = _generator(tokenizer, num_blocks=256, max_seq_len=256, max_num_batched_tokens=2048)
+    prompts = [list(range(150)), [7] * 5, [(3 * i) % V for i in range(140)], [9, 8, 7, 6]]
+    out = gen.generate(prompts, GREEDY)
+    # One call padded to 150 would compute 600 tokens; two compute 2 x 150 + 2 x 5.
+    assert gen.session.calls[:2] == [(2, 150), (2, 5)]
+    assert [c.token_ids for c in out] == [reference(p, 6, 256) for p in prompts]
 
 
 def test_preemption_is_counted_and_recomputation_gives_the_same_tokens(tokenizer):
