@@ -232,7 +232,7 @@ def _decode_inputs(
     listed = [_blocks_of(start + in_graph, block_size) for _, _, start in seqs]
     max_blocks = max(1, *listed)
     block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int64)
-    slots = np.empty(num_seqs, dtype=np.int64)
+    where = []  # block, offset of each new token in turn: plain ints, one array below
     for s, (table, _, start) in enumerate(seqs):
         blocks = table.block_ids
         if table.block_size != block_size:
@@ -243,26 +243,29 @@ def _decode_inputs(
                 "allocate with BlockTable.reserve first"
             )
         block_tables[s, : listed[s]] = blocks[: listed[s]]
-        slots[s] = blocks[start // block_size] * block_size + start % block_size
+        where += (blocks[start // block_size], start % block_size)
+    block_offset = np.array(where, dtype=np.int64).reshape(num_seqs, 2)  # [S, 2]
+    slots = block_offset[:, 0] * block_size + block_offset[:, 1]  # [S]
     context_lens = np.fromiter((start for _, _, start in seqs), np.int64, num_seqs)  # [S]
+    positions = context_lens[:, None]  # [S, 1], a view
     input_ids = np.fromiter((ids[0] for _, ids, _ in seqs), np.int64, num_seqs)[:, None]
     key_pos = np.arange(max_blocks * block_size)  # [K]
     kv_slots = None
     if in_graph:  # the new token is table slot `start`: visible up to and including it
-        visible = key_pos <= context_lens[:, None]  # [S, K]
+        visible = key_pos <= positions  # [S, K]
         if sliding_window is not None:
-            visible &= context_lens[:, None] - key_pos < sliding_window
+            visible &= positions - key_pos < sliding_window
         mask = visible[:, None, None, :]
-        kv_slots = np.stack([slots // block_size, slots % block_size], axis=-1)[:, None, :]
+        kv_slots = block_offset[:, None, :]  # [S, 1, 2]
     else:
-        past = key_pos < context_lens[:, None]  # [S, K]
+        past = key_pos < positions  # [S, K]
         if sliding_window is not None:
-            past &= context_lens[:, None] - key_pos < sliding_window
+            past &= positions - key_pos < sliding_window
         mask = np.ones((num_seqs, 1, 1, key_pos.size + 1), dtype=bool)  # the new token: itself
         mask[:, 0, 0, :-1] = past
     return Batch(
         input_ids,
-        context_lens[:, None].copy(),  # positions [S, 1]
+        positions,
         block_tables,
         context_lens,
         mask,
