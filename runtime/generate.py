@@ -1,8 +1,8 @@
 """The generation loop: the scheduler decides each step, the generator runs it and samples.
 
 One step is at most one decode-batch call and a few prefill calls of the engine session, each
-of chunks of similar lengths (see scheduler.py for who gets which tokens and how they are
-split). Each call's new keys and values reach the pool
+of chunks of similar lengths (see scheduler.py for who gets which tokens, and split_prefill).
+Each call's new keys and values reach the pool
 (the engine writes them itself, or an fp8 engine returns them and they are scattered), full
 blocks are offered to the prefix cache, and every sequence whose chunk completed it samples its
 next token (its logits through the request's LogitsProcessor first: penalties, logit_bias,
@@ -157,10 +157,7 @@ class Generator:
         self.config = config
         self.speculation = speculation
         self.scheduler = Scheduler(
-            pool,
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
-            config.enable_prefix_caching,
+            pool, config.max_num_seqs, config.max_num_batched_tokens, config.enable_prefix_caching
         )
         self._ids = itertools.count()
         self._requests: dict[int, _Request] = {}  # unfinished
