@@ -23,7 +23,7 @@ import numpy as np
 
 from ingot.runtime.kv_pool import BlockTable, KVPool, slots_of
 
-__all__ = ["Batch", "build_inputs"]
+__all__ = ["Batch", "DecodeInputs", "build_inputs"]
 
 
 @dataclass(slots=True)
@@ -274,6 +274,69 @@ def _decode_inputs(
         None,  # no padding
         kv_slots,
     )
+
+
+class DecodeInputs:
+    """`build_inputs` for one caller's plain decode steps, updated in place while the same
+    sequences advance a token a step, as a steady decode batch does: the step writes the new
+    tokens, positions, slots and block-table entries and flips the mask's one or two changed
+    slots per sequence instead of building every array anew. The arrays (and so the Batch)
+    are the same objects from step to step, which lets a session keep them bound.
+
+    Anything else (another set or order of sequences, a sequence that moved by more than one
+    token, a table that lost blocks since (`BlockTable.generation`), a row needing a block
+    column the arrays do not have) builds a new Batch. The Batch is valid until the next
+    `build`."""
+
+    __slots__ = ("_sliding_window", "_scratch_block", "_batch", "_rows")
+
+    def __init__(self, sliding_window: int | None, scratch_block: int | None) -> None:
+        self._sliding_window = sliding_window
+        self._scratch_block = scratch_block
+        self._batch: Batch | None = None
+        self._rows: list[tuple[BlockTable, int, int]] = []  # (table, its generation, start)
+
+    def build(self, seqs: Sequence[tuple[BlockTable, Sequence[int], int]]) -> Batch:
+        """The inputs of a call of one new token per sequence (each given as in build_inputs)."""
+        if not self._advance(seqs):
+            self._batch = _decode_inputs(seqs, self._sliding_window, self._scratch_block)
+        self._rows = [(table, table.generation, start) for table, _, start in seqs]
+        return self._batch
+
+    def _advance(self, seqs: Sequence[tuple[BlockTable, Sequence[int], int]]) -> bool:
+        """Update the last Batch in place for `seqs`, each one token further; False (and
+        nothing changed) if it does not fit them."""
+        batch = self._batch
+        if batch is None or len(seqs) != len(self._rows):
+            return False
+        in_graph = self._scratch_block is not None
+        block_size = seqs[0][0].block_size
+        max_blocks = batch.block_tables.shape[1]
+        for (table, _, start), (old, generation, old_start) in zip(seqs, self._rows, strict=True):
+            if table is not old or table.generation != generation or start != old_start + 1:
+                return False
+            if _blocks_of(start + in_graph, block_size) > max_blocks:
+                return False
+            if start >= len(table.block_ids) * block_size:
+                return False  # a fresh build says what is wrong
+        window = self._sliding_window
+        mask = batch.attention_mask[:, 0, 0]  # [S, K] (+ the new token's slot: fp8 layout)
+        for s, (table, ids, start) in enumerate(seqs):
+            blocks = table.block_ids
+            block, offset = blocks[start // block_size], start % block_size
+            listed = _blocks_of(start + in_graph, block_size)
+            batch.block_tables[s, listed - 1] = blocks[listed - 1]  # new when a block began
+            batch.input_ids[s, 0] = ids[0]
+            batch.slots[s] = block * block_size + offset
+            # The key slot that became visible: the new token's own (in_graph), else the
+            # previous token's, now in the pool; and the one a sliding window lost.
+            mask[s, start if in_graph else start - 1] = True
+            if window is not None and start - window >= 0:
+                mask[s, start - window] = False
+            if in_graph:
+                batch.kv_slots[s, 0] = block, offset
+        batch.context_lens += 1  # positions is a view of it
+        return True
 
 
 def _blocks_of(num_tokens: int, block_size: int) -> int:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ingot.runtime.batch import Batch, build_inputs
+from ingot.runtime.batch import Batch, DecodeInputs, build_inputs
 from ingot.runtime.kv_pool import KVPool, OutOfBlocks
 from ingot.runtime.logits import LogitsProcessor
 from ingot.runtime.outputs import Completion, SchedulerStats, StepOutput
@@ -159,6 +159,8 @@ class Generator:
         self.scheduler = Scheduler(
             pool, config.max_num_seqs, config.max_num_batched_tokens, config.enable_prefix_caching
         )
+        # Plain decode calls: the last one's arrays, advanced in place while the batch holds.
+        self._decode_inputs = DecodeInputs(config.sliding_window, self._scratch)
         self._ids = itertools.count()
         self._requests: dict[int, _Request] = {}  # unfinished
         self._finished: dict[int, _Request] = {}  # until popped
@@ -343,7 +345,10 @@ class Generator:
 
     def _run(self, chunks: list[Chunk], observe: bool = False) -> list[StepOutput]:
         seqs = [(c.seq.table, c.token_ids, c.start) for c in chunks]
-        inputs = build_inputs(seqs, self.config.sliding_window, scratch_block=self._scratch)
+        if all(c.num_tokens == 1 for c in chunks):
+            inputs = self._decode_inputs.build(seqs)
+        else:
+            inputs = build_inputs(seqs, self.config.sliding_window, scratch_block=self._scratch)
         last, new_kv = self.session.run(inputs)  # [S, V]: each sequence's last new token
         hidden = self.session.hidden if self._needs_hidden else None  # [S, H], as `last`
         soon = self._drafts_soon()

@@ -175,6 +175,10 @@ class BlockTable:
     block_size: int
     block_ids: list[int] = field(default_factory=list)
     num_tokens: int = 0
+    # Bumped whenever blocks leave the table or it starts anew (share, truncate, release): while
+    # it stands still, `block_ids` only grew, and a batch built from it earlier is still right
+    # about the blocks it listed (batch.DecodeInputs).
+    generation: int = 0
 
     def blocks_needed(self, n_new: int) -> int:
         """How many more blocks `n_new` more tokens take."""
@@ -214,6 +218,7 @@ class BlockTable:
             self.allocator.incref(block)
         self.block_ids.extend(blocks)
         self.num_tokens = len(blocks) * self.block_size
+        self.generation += 1
 
     def truncate(self, num_tokens: int) -> None:
         """Keep the first `num_tokens` slots; blocks past them go back to the pool.
@@ -228,6 +233,7 @@ class BlockTable:
             self.allocator.free(block)
         del self.block_ids[keep:]
         self.num_tokens = num_tokens
+        self.generation += 1
 
     def release(self) -> None:
         """Drop this sequence's reference to every block (it can be recomputed later).
@@ -239,6 +245,7 @@ class BlockTable:
             self.allocator.free(block)
         self.block_ids.clear()
         self.num_tokens = 0
+        self.generation += 1
 
 
 def _zero_filled(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -102,8 +102,10 @@ class _PagedSession:
     ever copies the cache. A graph with a `kv_slots` input writes each call's K/V itself
     (`writes_pool`): its `{k,v}_pool_out_{l}` outputs are bound to the same arrays, so its
     ScatterND writes the pool in place. An older graph returns them as `new_{k,v}_{l}` and the
-    runtime writes them (KVPool.write). Each call binds the step inputs (and any extra ones)
-    and writes `outputs` into reused buffers (`_OutputBuffers`), valid until the next call."""
+    runtime writes them (KVPool.write). Each call binds the step inputs that are new arrays
+    (ORT reads a bound array in place, so one updated in place, as DecodeInputs does, stays
+    bound) and any extra ones, and writes `outputs` into reused buffers (`_OutputBuffers`),
+    valid until the next call."""
 
     __slots__ = (
         "_session",
@@ -114,6 +116,7 @@ class _PagedSession:
         "num_layers",
         "writes_pool",
         "_scratch",
+        "_bound",
     )
 
     def __init__(
@@ -160,6 +163,8 @@ class _PagedSession:
                 fixed.append((f"{kind}_pool_out_{layer}", array))
         per_call = [*outputs, *([] if self.writes_pool else new_kv)]
         self._outputs = _OutputBuffers(self._session, per_call, fixed)
+        # The arrays each step input is bound to (held, so no other array can take one's id).
+        self._bound: list[np.ndarray | None] = [None] * len(self._inputs)
 
     def _call(self, batch: Batch, **extra: np.ndarray) -> list[np.ndarray]:
         """Run on `batch` (and the `extra` inputs, contiguous): the output buffers, in the
@@ -171,8 +176,13 @@ class _PagedSession:
                 f"graph {'writes' if self.writes_pool else 'returns'} its K/V"
             )
         bind = self._binding.bind_cpu_input
-        for name in self._inputs:
-            bind(name, getattr(batch, name))  # build_inputs makes them contiguous
+        for i, name in enumerate(self._inputs):
+            array = getattr(batch, name)  # build_inputs makes them contiguous
+            # ORT reads a bound numpy array in place: the same array again, updated in place
+            # (DecodeInputs), needs no new binding.
+            if array is not self._bound[i]:
+                bind(name, array)
+                self._bound[i] = array
         for name, array in extra.items():
             bind(name, array)
         s, q = batch.input_ids.shape

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import ingot.runtime.batch as batch_module
-from ingot.runtime.batch import build_inputs
+from ingot.runtime.batch import DecodeInputs, build_inputs
 from ingot.runtime.kv_pool import BlockTable, KVPool
 
 T, F = True, False
@@ -147,3 +147,73 @@ def test_inputs_for_a_graph_that_writes_the_pool():
     assert slots[:3] == [(a.block_ids[1], 0), (a.block_ids[1], 1), (a.block_ids[2], 0)]
     assert slots[3] == (b.block_ids[0], 0)
     assert slots[4:] == [(pool.scratch_block, 0)] * 2
+
+
+_FIELDS = [
+    "input_ids",
+    "positions",
+    "block_tables",
+    "context_lens",
+    "attention_mask",
+    "logits_indices",
+    "slots",
+]
+
+
+@pytest.mark.parametrize("window", [None, 1, 3])
+@pytest.mark.parametrize("in_graph", [False, True])
+def test_decode_inputs_updated_in_place_equal_a_fresh_build(window, in_graph):
+    # A decode batch steps on: each step every sequence is one token further, blocks begin,
+    # and now and then the batch changes (a sequence leaves, the order changes, a table loses
+    # blocks and gets new ones: speculative truncation, preemption). Whether DecodeInputs
+    # advanced its arrays or built anew, they must be what build_inputs gives.
+    rng = np.random.default_rng(1)
+    pool = KVPool(num_layers=1, num_blocks=96, block_size=4, num_kv_heads=1, head_dim=2)
+    scratch = pool.scratch_block if in_graph else None
+    decode = DecodeInputs(window, scratch)
+    rows = []  # [table, start]
+    for length in (1, 3, 4, 7, 9):
+        table = pool.new_block_table()
+        table.reserve(length)
+        rows.append([table, length - 1])
+    previous, in_place = None, 0
+    for _ in range(60):
+        event = rng.integers(10)
+        if event == 0 and len(rows) > 1:  # one finishes
+            table, _ = rows.pop(int(rng.integers(len(rows))))
+            table.release()
+        elif event == 1:  # the order changes
+            rows.reverse()
+        elif event == 2:  # drafts were rejected: the table is cut back and grows again
+            table, start = rows[int(rng.integers(len(rows)))]
+            table.reserve(3)
+            table.truncate(start + 1)
+        elif event == 3:  # preempted and recomputed: new blocks
+            table, start = rows[int(rng.integers(len(rows)))]
+            table.release()
+            table.reserve(start + 1)
+        seqs = [(table, [int(rng.integers(320))], start) for table, start in rows]
+        batch = decode.build(seqs)
+        fresh = build_inputs(seqs, sliding_window=window, scratch_block=scratch)
+        for name in _FIELDS + (["kv_slots"] if in_graph else []):
+            np.testing.assert_array_equal(getattr(batch, name), getattr(fresh, name), name)
+        assert batch.real_rows is None
+        in_place += batch is previous
+        previous = batch
+        for row in rows:  # the step's tokens go into the pool: one position further
+            row[0].reserve(1)
+            row[1] += 1
+    assert in_place > 20  # most steps updated the arrays in place
+
+
+def test_decode_inputs_build_anew_when_a_row_needs_another_block_column():
+    pool = KVPool(num_layers=1, num_blocks=8, block_size=2, num_kv_heads=1, head_dim=2)
+    decode = DecodeInputs(None, pool.scratch_block)
+    table = pool.new_block_table()
+    table.reserve(2)
+    first = decode.build([(table, [5], 1)])  # position 1: one block listed
+    table.reserve(1)
+    second = decode.build([(table, [6], 2)])  # position 2: a second block, a wider table
+    assert second is not first and second.block_tables.shape == (1, 2)
+    table.reserve(1)
+    assert decode.build([(table, [7], 3)]) is second  # still two blocks: in place
