@@ -4,6 +4,7 @@ import pytest
 import ingot.runtime.batch as batch_module
 from ingot.runtime.batch import DecodeInputs, build_inputs
 from ingot.runtime.kv_pool import BlockTable, KVPool
+from ingot.runtime.session import STEP_INPUTS
 
 T, F = True, False
 
@@ -149,15 +150,8 @@ def test_inputs_for_a_graph_that_writes_the_pool():
     assert slots[4:] == [(pool.scratch_block, 0)] * 2
 
 
-_FIELDS = [
-    "input_ids",
-    "positions",
-    "block_tables",
-    "context_lens",
-    "attention_mask",
-    "logits_indices",
-    "slots",
-]
+# What a session binds (kv_slots in one layout only), and where the K/V go.
+_FIELDS = [*(n for n in STEP_INPUTS if n != "kv_slots"), "slots"]
 
 
 @pytest.mark.parametrize("window", [None, 1, 3])
