@@ -47,8 +47,8 @@ from bench_models import MODELS, prepare_model  # noqa: E402
 from decode_peers import ORTGENAI, build_ortgenai, set_ortgenai_threads  # noqa: E402
 from decode_rounds import round_order  # noqa: E402
 from machine import LoadWatch, load_line, machine_info  # noqa: E402
-from ort_artifacts import build_spec  # noqa: E402
-from paths import data_dir, models_dir, peer_python, peer_version, write_report_files  # noqa: E402
+from ort_artifacts import build_decode_artifact  # noqa: E402
+from paths import data_dir, models_dir, peer_python, peer_version, publish_report  # noqa: E402
 from worker import run_worker  # noqa: E402
 
 CASES = ("ingot_step", "ingot_graph", "ortgenai_step", "ortgenai_graph")
@@ -86,28 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         "refused": watch.refusal(),
         "duration_s": round(time.perf_counter() - started, 1),
     }
-    json_path, md_path = write_report_files(report, args.out_dir, "batch1_gap", _markdown)
-    print(md_path.read_text())
-    if report["refused"]:
-        print(f"REFUSED: {report['refused']}", file=sys.stderr)
-        return 1
-    return 0
+    return publish_report(report, args.out_dir, "batch1_gap", _markdown)
 
 
 def _prepare(name: str, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The worker spec of `name`: decode.py's artifact and onnxruntime-genai model (built into
     the benchmark cache if they are not there yet)."""
     model = prepare_model(name, models_dir(), data_dir() / "pydoc-eval.txt")
-    build = build_spec(model, tmp, args.threads, [])
-    built = run_worker(HERE / "decode_engines.py", build, tmp, BUILD_TIMEOUT_S)
-    if not built.get("ok"):
-        raise SystemExit(f"{name}: ingot build failed: {built.get('error')}")
+    artifact = build_decode_artifact(model, tmp, args.threads, BUILD_TIMEOUT_S)
     record, ortgenai_dir = build_ortgenai(model, args.ortgenai_python, BUILD_TIMEOUT_S)
     if ortgenai_dir is None:
         raise SystemExit(f"{name}: onnxruntime-genai model builder failed: {record.get('error')}")
     set_ortgenai_threads(ortgenai_dir, args.threads)
     return {
-        "artifact": built["artifact"],
+        "artifact": artifact,
         "ortgenai_dir": str(ortgenai_dir),
         "prompt": list(model.prompt_ids),
         "threads": args.threads,

@@ -20,12 +20,14 @@ from typing import Any
 
 from bench_models import BenchModel
 from paths import bench_cache_dir
+from worker import run_worker
 
 __all__ = [
     "KV_BLOCK_SIZE",
     "MATMUL_ACCURACY_LEVEL",
     "OPTIMIZATION_LEVEL",
     "VARIANT",
+    "build_decode_artifact",
     "build_spec",
     "decode_recipe",
     "export_max_seq_len",
@@ -65,6 +67,17 @@ def build_spec(model: BenchModel, tmp: Path, threads: int, interop: list[str]) -
         "out": str(bench_cache_dir() / "artifacts" / f"{model.name}-{VARIANT}"),
         "cache": str(bench_cache_dir() / "stage-cache" / ingot_code_fingerprint()),
     }
+
+
+def build_decode_artifact(model: BenchModel, tmp: Path, threads: int, timeout_s: float) -> str:
+    """The path of `model`'s decode artifact (no interop formats), built by decode_engines.py
+    in a worker into the benchmark cache unless it is there; exits saying why if the build
+    fails."""
+    spec = build_spec(model, tmp, threads, [])
+    built = run_worker(Path(__file__).with_name("decode_engines.py"), spec, tmp, timeout_s)
+    if not built.get("ok"):
+        raise SystemExit(f"{model.name}: ingot build failed: {built.get('error')}")
+    return built["artifact"]
 
 
 def find_gguf(artifact: str | Path) -> Path | None:

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -121,6 +122,19 @@ def write_report_files(
     json_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     md_path.write_text(markdown(report))
     return json_path, md_path
+
+
+def publish_report(
+    report: dict[str, Any], out_dir: Path, stem: str, markdown: Callable[[dict[str, Any]], str]
+) -> int:
+    """Write the report files (`write_report_files`) and print the markdown; the exit status:
+    1, said on stderr, if the run was refused (`report["refused"]`), else 0."""
+    _, md_path = write_report_files(report, out_dir, stem, markdown)
+    print(md_path.read_text())
+    if report.get("refused"):
+        print(f"REFUSED: {report['refused']}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _default_roots() -> list[tuple[str | Path, str]]:
