@@ -245,7 +245,7 @@ def _markdown(r: dict[str, Any]) -> str:
     for t in r["targets"]:
         met = "yes" if t["met"] else "**no**"
         lines.append(f"| {t['target']} | {_shown(t)} | {t.get('source', '')} | {met} |")
-    lines += _all_runs(r) + _kv_section(server) + _prefix_section(server, c)
+    lines += _all_runs(r) + _cpu_section(r) + _kv_section(server) + _prefix_section(server, c)
     lines += _vllm_section(r) + _ortgenai_section(r)
     lines += _profile_section(r.get("op_profile", {}))
     return "\n".join(lines) + "\n"
@@ -351,6 +351,40 @@ def _all_runs(r: dict[str, Any]) -> list[str]:
         "latencies the server; the burst rows are the throughput at "
         f"{c['requests']} concurrent requests. In static batches every request waits for the "
         "whole padded batch's prefill (TTFT) and the batch ends with its longest member.",
+    ]
+    return lines
+
+
+def _cpu_section(r: dict[str, Any]) -> list[str]:
+    """Where ingot serve's runs spent CPU, per output token (serve.py's `_with_cpu`)."""
+    runs = r["server"].get("scenarios", {})
+    scenarios = {k: v for k, v in runs.items() if "cpu_us_per_token" in v}
+    if not scenarios:
+        return []
+    in_process = _tps(r["engines"].get("ingot-batch1"))
+    lines = [
+        "", "## CPU per output token (ingot serve)", "",
+        "| run | wall µs per token | event loop | generator + ORT threads | "
+        "client (load generator) |",
+        "|---|---:|---:|---:|---:|",
+    ]  # fmt: skip
+    if in_process:
+        lines.append(f"| ingot, batch 1, in process | {1e6 / in_process:.0f} | | | |")
+    for name, result in scenarios.items():
+        cpu, tps = result["cpu_us_per_token"], _tps(result)
+        wall = f"{1e6 / tps:.0f}" if tps else "–"
+        lines.append(
+            f"| {name} | {wall} | {cpu['event_loop']:.0f} | {cpu['engine_threads']:.0f} | "
+            f"{cpu['client']:.0f} |"
+        )
+    lines += [
+        "",
+        "CPU seconds over the run / output tokens, in µs: the server's main thread (uvicorn's "
+        "event loop: HTTP, SSE framing), its other threads (the generator thread and ONNX "
+        "Runtime's pool, whose threads spin while waiting for work, so they show about "
+        "threads x wall), and the benchmark's own process, the HTTP client, which shares the "
+        "host's cores with the server. On a host with as many cores as engine threads, what "
+        "the event loop and the client use is taken from the engine's steps.",
     ]
     return lines
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ingot.runtime.server import ServedModel
 
-__all__ = ["ServerFailed", "ServerProcess", "ingot_command", "vllm_command"]
+__all__ = ["ServerFailed", "ServerProcess", "ingot_command", "thread_cpu_s", "vllm_command"]
 
 MODEL_NAME = "pydoc-16m-int4"
 SAMPLE_EVERY_S = 0.02
@@ -169,6 +169,27 @@ class ServerProcess:
         except OSError:
             return ""
         return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def thread_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) so far of process `pid`'s main thread, and of its other
+    threads together, from /proc (Linux). In ingot's server the main thread runs the event
+    loop (uvicorn), the others are the generator thread, ONNX Runtime's pool and the
+    tokenizer's workers. A thread that ended takes its seconds with it."""
+    tick = os.sysconf("SC_CLK_TCK")
+    main = others = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command name
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15)
+        if int(tid) == pid:
+            main += seconds
+        else:
+            others += seconds
+    return main, others
 
 
 def _wait_group_gone(pgid: int, timeout_s: float) -> None:
