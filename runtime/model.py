@@ -69,6 +69,7 @@ class LoadedModel:
         chat_template: str | None = None,
         profile_file_prefix: str | None = None,
         speculative_config: dict[str, Any] | bool | None = None,
+        spinning: bool = True,
     ) -> LoadedModel:
         """Verify the artifact at `path` (a directory or an `oci://` reference, pulled into the
         local store first), then load it.
@@ -88,7 +89,9 @@ class LoadedModel:
 
         `chat_template` (template source) replaces the artifact's chat template, or supplies
         one where the artifact has none. `profile_file_prefix` turns on ORT's per-node profiler
-        (benchmarks read it through `session.end_profiling()`).
+        (benchmarks read it through `session.end_profiling()`). `spinning=False` makes ONNX
+        Runtime's threads sleep between calls instead of spinning: what a process that has
+        other work for the cores (a server's event loop) wants.
 
         `speculative_config` (vLLM's keys: method, num_speculative_tokens, prompt_lookup_min,
         prompt_lookup_max, and ingot's disable_by_batch_size, min_acceptance_rate,
@@ -141,6 +144,7 @@ class LoadedModel:
             pool,
             engine.session_options,
             profile_file_prefix=profile_file_prefix,
+            spinning=spinning,
             hidden=method == "medusa",  # the heads draft from the target's hidden state
             aux=method == "eagle",  # an EAGLE-3 draft reads the target's features
         )

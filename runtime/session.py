@@ -226,8 +226,9 @@ class EngineSession(_PagedSession):
     ) -> None:
         options = _session_options(session_options or {})
         if not spinning:
-            # Two sessions in one process (a target and its draft model) each keep a thread
-            # pool; threads that spin after a call would take the cores from the other's call.
+            # Threads that spin after a call take the cores from whatever else the process
+            # runs meanwhile: a draft model's session (each keeps a thread pool), a server's
+            # event loop.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if profile_file_prefix is not None:  # ORT's per-node profiler (benchmarks)
             options.enable_profiling = True

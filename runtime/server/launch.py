@@ -64,6 +64,7 @@ def load_served_model(
     verify_key: Path | None = None,
     chat_template: str | None = None,
     speculative_config: dict[str, Any] | bool | None = None,
+    spinning: bool = True,
 ) -> ServedModel:
     """Verify and load `artifact` (LoadedModel.load logs the engine and the KV pool size);
     `kv_cache_bytes=None` sizes the KV cache from available memory."""
@@ -76,6 +77,7 @@ def load_served_model(
         verify_key=verify_key,
         chat_template=chat_template,
         speculative_config=speculative_config,
+        spinning=spinning,
     )
     info = loaded.manifest.model
     return ServedModel(

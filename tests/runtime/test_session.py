@@ -291,6 +291,16 @@ def test_pool_sizing_options(tmp_path):
         LoadedModel.load(root, kv_cache_blocks=15)
 
 
+def test_spinning_off_reaches_the_engine_session(tmp_path):
+    root = _artifact(tmp_path / "art")
+    key = "session.intra_op.allow_spinning"
+    sleeping = LoadedModel.load(root, spinning=False).session._session.get_session_options()
+    assert sleeping.get_session_config_entry(key) == "0"
+    spinning = LoadedModel.load(root).session._session.get_session_options()
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        spinning.get_session_config_entry(key)  # ORT's default: spin
+
+
 def test_nothing_loads_from_a_tampered_artifact(tmp_path):
     root = _artifact(tmp_path / "art")
     (root / "chat_template.jinja").write_text("{{ 'tampered' }}")
