@@ -68,7 +68,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -90,9 +89,10 @@ from serve_server import (  # noqa: E402
     MODEL_NAME,
     ServerFailed,
     ServerProcess,
+    free_port,
     ingot_command,
-    thread_cpu_s,
     vllm_command,
+    with_cpu,
 )
 from serve_workload import (  # noqa: E402
     make_prompts,
@@ -462,7 +462,7 @@ def _bench_ingot_server(
             httpx.get(f"{base}/bench/kv", params={"reset": True})
 
             def run(rate=rate, one_client=one_client) -> dict[str, Any]:
-                return _with_cpu(
+                return with_cpu(
                     server, lambda: _scenario(base, prompts, args.output_len, rate, one_client)
                 )
 
@@ -477,33 +477,6 @@ def _bench_ingot_server(
     finally:
         server.stop()
     return results
-
-
-def _with_cpu(server: ServerProcess, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """`run`'s result with the CPU time it cost per output token, in µs: the server's event
-    loop (its main thread), its other threads (the generator and ONNX Runtime's, which spin
-    while they wait for work), and this process (the load generator: the client shares the
-    host's cores with the server). Where the server spends the time the engine alone does
-    not (the 1-client gap to in-process batch 1) shows here."""
-    pid = server.process.pid
-    loop_0, others_0 = thread_cpu_s(pid)
-    client_0 = _own_cpu_s()
-    result = run()
-    loop_1, others_1 = thread_cpu_s(pid)
-    tokens = result.get("output_tokens")
-    if not tokens:
-        return result
-    per_token = {
-        "event_loop": loop_1 - loop_0,
-        "engine_threads": others_1 - others_0,
-        "client": _own_cpu_s() - client_0,
-    }
-    return result | {"cpu_us_per_token": {k: v / tokens * 1e6 for k, v in per_token.items()}}
-
-
-def _own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _bench_vllm_server(
@@ -542,7 +515,7 @@ def _bench_vllm_server(
 
 def _ingot_server(artifact: Path, args, tmp: Path) -> tuple[ServerProcess, str]:
     """`ingot serve` of the artifact on a free port (not started) and its base URL."""
-    port = _free_port()
+    port = free_port()
     command = ingot_command(artifact, port, args.requests, KV_CACHE_BYTES)
     return ServerProcess(command, tmp / "ingot-serve.log"), f"http://127.0.0.1:{port}"
 
@@ -550,7 +523,7 @@ def _ingot_server(artifact: Path, args, tmp: Path) -> tuple[ServerProcess, str]:
 def _vllm_server(model_dir: Path, args, tmp: Path) -> tuple[ServerProcess, str, dict[str, Any]]:
     """`vllm serve` of the export on a free port (not started), its base URL and settings.
     Every start shares one compile cache in `tmp`: only the first compiles cold."""
-    port = _free_port()
+    port = free_port()
     command, env, settings = vllm_command(
         args.vllm_python,
         model_dir,
@@ -648,14 +621,6 @@ def _scrape(base: str) -> dict[str, float]:
             if not sample.name.endswith(("_bucket", "_created")):
                 values[sample.name] = values.get(sample.name, 0.0) + sample.value
     return values
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _log(message: str) -> None:

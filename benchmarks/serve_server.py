@@ -1,36 +1,49 @@
 """The servers of the serve benchmark: ingot's (this script) and vLLM's, each in its own
 process group, started, waited on and stopped as a whole.
 
-    python benchmarks/serve_server.py ARTIFACT PORT MAX_NUM_SEQS KV_CACHE_BYTES
+    python benchmarks/serve_server.py ARTIFACT PORT MAX_NUM_SEQS KV_CACHE_BYTES SPINNING
 
 run as a script, serves ARTIFACT with the product's app (`create_app` over an `AsyncLLM`) and
 adds `GET /bench/kv`, which reports, from samples taken every 20 ms while requests run, how much
 of the KV memory held by sequences holds tokens: allocated (blocks referenced x block size)
 minus used (token slots filled) over allocated. A max-length preallocating cache (one
 max_seq_len slab per running sequence, as a contiguous KV cache does) is computed from the same
-samples.
+samples. SPINNING (1 or 0) is load_served_model's `spinning`.
 
 Imported, it gives `ServerProcess` (a server command in its own session, its output in a log
 file, healthy or failed with the log's tail, stopped by signalling its whole process group) and
 the two commands: `ingot_command` (this script) and `vllm_command` (vLLM's OpenAI server from
-its own virtualenv, CPU backend). Every server listens on 127.0.0.1 only.
+its own virtualenv, CPU backend), and `with_cpu`, which adds to a run's summary the CPU its
+server's threads and the client spent per output token. Every server listens on 127.0.0.1
+only.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ingot.runtime.server import ServedModel
 
-__all__ = ["ServerFailed", "ServerProcess", "ingot_command", "thread_cpu_s", "vllm_command"]
+__all__ = [
+    "ServerFailed",
+    "ServerProcess",
+    "free_port",
+    "ingot_command",
+    "thread_cpu_s",
+    "vllm_command",
+    "with_cpu",
+]
 
 MODEL_NAME = "pydoc-16m-int4"
 SAMPLE_EVERY_S = 0.02
@@ -89,7 +102,7 @@ class KVSampler:
         }
 
 
-def main(artifact: str, port: int, max_num_seqs: int, kv_cache_bytes: int) -> None:
+def main(artifact: str, port: int, max_num_seqs: int, kv_cache_bytes: int, spinning: bool) -> None:
     import uvicorn
 
     from ingot.runtime.server import AsyncLLM, Metrics, create_app, load_served_model
@@ -97,7 +110,7 @@ def main(artifact: str, port: int, max_num_seqs: int, kv_cache_bytes: int) -> No
     sampler = KVSampler()
 
     def load() -> ServedModel:
-        model = load_served_model(artifact, kv_cache_bytes, max_num_seqs)
+        model = load_served_model(artifact, kv_cache_bytes, max_num_seqs, spinning=spinning)
         sampler.model = model
         return model
 
@@ -192,6 +205,38 @@ def thread_cpu_s(pid: int) -> tuple[float, float]:
     return main, others
 
 
+def with_cpu(server: ServerProcess, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`run`'s result (a serve_workload summary) with the CPU time it cost per output token,
+    in µs: the server's event loop (its main thread), its other threads (the generator and
+    ONNX Runtime's, which spin while they wait for work unless told not to), and this
+    process (the load generator: the client shares the host's cores with the server)."""
+    pid = server.process.pid
+    loop_0, others_0 = thread_cpu_s(pid)
+    client_0 = _own_cpu_s()
+    result = run()
+    loop_1, others_1 = thread_cpu_s(pid)
+    tokens = result.get("output_tokens")
+    if not tokens:
+        return result
+    per_token = {
+        "event_loop": loop_1 - loop_0,
+        "engine_threads": others_1 - others_0,
+        "client": _own_cpu_s() - client_0,
+    }
+    return result | {"cpu_us_per_token": {k: v / tokens * 1e6 for k, v in per_token.items()}}
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _wait_group_gone(pgid: int, timeout_s: float) -> None:
     """Wait for every process of the group (the leader's children outlive it briefly)."""
     deadline = time.monotonic() + timeout_s
@@ -204,9 +249,12 @@ def _wait_group_gone(pgid: int, timeout_s: float) -> None:
     raise subprocess.TimeoutExpired(f"process group {pgid}", timeout_s)
 
 
-def ingot_command(artifact: Path, port: int, max_num_seqs: int, kv_cache_bytes: int) -> list[str]:
-    """This script, serving `artifact` (the KV sampler included)."""
-    args = (artifact, port, max_num_seqs, kv_cache_bytes)
+def ingot_command(
+    artifact: Path, port: int, max_num_seqs: int, kv_cache_bytes: int, spinning: bool = True
+) -> list[str]:
+    """This script, serving `artifact` (the KV sampler included); `spinning` as
+    load_served_model's."""
+    args = (artifact, port, max_num_seqs, kv_cache_bytes, int(spinning))
     return [sys.executable, str(Path(__file__).resolve()), *map(str, args)]
 
 
@@ -260,4 +308,4 @@ def vllm_command(
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1")
