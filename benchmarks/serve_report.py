@@ -356,7 +356,7 @@ def _all_runs(r: dict[str, Any]) -> list[str]:
 
 
 def _cpu_section(r: dict[str, Any]) -> list[str]:
-    """Where ingot serve's runs spent CPU, per output token (serve.py's `_with_cpu`)."""
+    """Where ingot serve's runs spent CPU, per output token (serve_server.with_cpu)."""
     runs = r["server"].get("scenarios", {})
     scenarios = {k: v for k, v in runs.items() if "cpu_us_per_token" in v}
     if not scenarios:
