@@ -90,8 +90,8 @@ class LoadedModel:
         `chat_template` (template source) replaces the artifact's chat template, or supplies
         one where the artifact has none. `profile_file_prefix` turns on ORT's per-node profiler
         (benchmarks read it through `session.end_profiling()`). `spinning=False` makes ONNX
-        Runtime's threads sleep between calls instead of spinning: what a process that has
-        other work for the cores (a server's event loop) wants.
+        Runtime's threads sleep between calls instead of spinning, each on a core, while they
+        wait (benchmarks/serve_overhead.py compares the two under `ingot serve`).
 
         `speculative_config` (vLLM's keys: method, num_speculative_tokens, prompt_lookup_min,
         prompt_lookup_max, and ingot's disable_by_batch_size, min_acceptance_rate,
