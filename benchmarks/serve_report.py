@@ -213,7 +213,8 @@ def _markdown(r: dict[str, Any]) -> str:
         "",
         f"Workload: the same {n} requests everywhere (real held-out text, prompts of "
         f"{c['prompt_lens'][0]}-{c['prompt_lens'][1]} tokens), {c['output_len']} output tokens "
-        "each, streamed, greedy, EOS ignored. Times in ms; output tok/s = all output tokens / "
+        "each, streamed, greedy, EOS ignored; one client sends them one at a time over one "
+        "connection it keeps open. Times in ms; output tok/s = all output tokens / "
         "(last token - first send). TPOT per request = decode time / (tokens - 1); ITL = every "
         "gap between streamed chunks. Load = the host's 1-minute load average before / right "
         "after the run (after includes the run's own threads). Each server runs these "
