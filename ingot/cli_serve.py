@@ -38,103 +38,147 @@ class ByteSize(click.ParamType):
         return int(float(match.group(1)) * _UNITS[unit])
 
 
-def register(main: click.Group) -> None:
-    @main.command()
-    @click.argument("artifact")  # a directory, or oci://… pulled into the local store first
-    @click.option("--host", default="127.0.0.1", show_default=True)
-    @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
-    @click.option(  # the default is runtime.generate.DEFAULT_MAX_NUM_SEQS (tested)
-        "--max-num-seqs", default=64, show_default=True, type=click.IntRange(min=1),
+# The options of `ingot serve`, outermost first (applied in reverse, as decorators are).
+_SERVE_OPTIONS = (
+    click.argument("artifact"),  # a directory, or oci://… pulled into the local store first
+    click.option("--host", default="127.0.0.1", show_default=True),
+    click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535)),
+    click.option(  # the default is runtime.generate.DEFAULT_MAX_NUM_SEQS (tested)
+        "--max-num-seqs",
+        default=64,
+        show_default=True,
+        type=click.IntRange(min=1),
         help="Requests running at once.",
-    )  # fmt: skip
-    @click.option(
-        "--max-queue", default=64, show_default=True, type=click.IntRange(min=0),
+    ),  # fmt: skip
+    click.option(
+        "--max-queue",
+        default=64,
+        show_default=True,
+        type=click.IntRange(min=0),
         help="Requests waiting beyond those; more get 503 + Retry-After.",
-    )  # fmt: skip
-    @click.option(
-        "--kv-cache-memory", "kv_cache_bytes", default="auto", show_default=True,
+    ),  # fmt: skip
+    click.option(
+        "--kv-cache-memory",
+        "kv_cache_bytes",
+        default="auto",
+        show_default=True,
         type=ByteSize(auto=True),
         help="KV cache budget, e.g. 256MiB; auto: half the memory available once the weights "
         "are loaded, at most --max-num-seqs sequences of the model's max_seq_len.",
-    )  # fmt: skip
-    @click.option(
-        "--max-num-batched-tokens", default=2048, show_default=True, type=click.IntRange(min=1),
+    ),  # fmt: skip
+    click.option(
+        "--max-num-batched-tokens",
+        default=2048,
+        show_default=True,
+        type=click.IntRange(min=1),
         help="Tokens per scheduler step (decodes + the padded prefill chunk).",
-    )  # fmt: skip
-    @click.option(
+    ),  # fmt: skip
+    click.option(
         "--enable-prefix-caching/--no-enable-prefix-caching", default=True, show_default=True
-    )
-    @click.option("--served-model-name", default=None, help="Model id in the API (artifact name).")
-    @click.option(
-        "--request-timeout", default=None, type=click.FloatRange(min=0, min_open=True),
+    ),
+    click.option("--served-model-name", default=None, help="Model id in the API (artifact name)."),
+    click.option(
+        "--request-timeout",
+        default=None,
+        type=click.FloatRange(min=0, min_open=True),
         help="Seconds after which a request is aborted (408).",
-    )  # fmt: skip
-    @click.option(
-        "--shutdown-grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
+    ),  # fmt: skip
+    click.option(
+        "--shutdown-grace",
+        default=30.0,
+        show_default=True,
+        type=click.FloatRange(min=0),
         help="Seconds in-flight requests get to finish after SIGTERM.",
-    )  # fmt: skip
-    @click.option("--log-level", default="info", show_default=True,
-                  type=click.Choice(["debug", "info", "warning", "error"]))  # fmt: skip
-    @click.option(
-        "--verify-key", type=click.Path(exists=True, dir_okay=False), default=None,
+    ),  # fmt: skip
+    click.option(
+        "--log-level",
+        default="info",
+        show_default=True,
+        type=click.Choice(["debug", "info", "warning", "error"]),
+    ),  # fmt: skip
+    click.option(
+        "--verify-key",
+        type=click.Path(exists=True, dir_okay=False),
+        default=None,
         help="PEM public key: refuse an artifact without a valid signature (model.sig) by it.",
-    )  # fmt: skip
-    @click.option(
-        "--max-request-bytes", default="16MiB", show_default=True, type=ByteSize(),
+    ),  # fmt: skip
+    click.option(
+        "--max-request-bytes",
+        default="16MiB",
+        show_default=True,
+        type=ByteSize(),
         help="Larger request bodies get 413, before they are parsed.",
-    )  # fmt: skip
-    @click.option(
-        "--chat-template", type=click.Path(exists=True, dir_okay=False), default=None,
+    ),  # fmt: skip
+    click.option(
+        "--chat-template",
+        type=click.Path(exists=True, dir_okay=False),
+        default=None,
         help="Jinja chat template file, used instead of the artifact's (or where it has none).",
-    )  # fmt: skip
-    @click.option(
-        "--speculative-config", type=SpeculativeConfigParam(), default=None,
+    ),  # fmt: skip
+    click.option(
+        "--speculative-config",
+        type=SpeculativeConfigParam(),
+        default=None,
         help=SPECULATIVE_HELP,
-    )  # fmt: skip
-    def serve(
-        artifact: str,
-        served_model_name: str | None,
-        verify_key: str | None,
-        chat_template: str | None,
-        **options: Any,
-    ) -> None:
-        """Serve an artifact over HTTP with OpenAI's API (/v1/completions, /v1/chat/completions,
-        /v1/models, /health, /metrics) and vLLM's /tokenize, /detokenize, /version."""
-        from ingot.artifacts import ArtifactError, read_manifest
-        from ingot.artifacts.reference import InvalidReference
-        from ingot.artifacts.registry_client import RegistryError
-        from ingot.artifacts.signing import check_signature
-        from ingot.artifacts.store import resolve_artifact
-        from ingot.runtime.kv_pool import KVCacheTooSmall
-        from ingot.runtime.memory import format_bytes
-        from ingot.runtime.server.launch import ServeOptions, run_server
-        from ingot.runtime.speculative.load import resolve_config
+    ),  # fmt: skip
+)
 
-        template = _read_chat_template(Path(chat_template)) if chat_template else None
 
-        try:
-            artifact = str(resolve_artifact(artifact))  # oci://…: pull, or reuse the store
-            check_signature(artifact, verify_key=verify_key)  # before anything is loaded
-            manifest = read_manifest(Path(artifact))
-            name = served_model_name or manifest.name
-        except (ArtifactError, RegistryError, InvalidReference) as e:
-            raise UserError(f"refusing to serve {artifact}: {e}") from e
-        try:  # before the server starts: a bad config is the user's flag, not a load failure
-            resolve_config(manifest, options["speculative_config"])
-        except ValueError as e:
-            raise UserError(f"--speculative-config: {e}") from e
-        # The other options carry ServeOptions' field names; click has checked their values.
-        verify_key_file = Path(verify_key) if verify_key else None  # checked again at load
-        serve_options = ServeOptions(**options, verify_key=verify_key_file, chat_template=template)
-        # A load failure stops the server; say it in the user's words (their flags).
-        try:
-            run_server(artifact, name, serve_options)
-        except KVCacheTooSmall as e:
-            kv = serve_options.kv_cache_bytes
-            given = "--kv-cache-memory " + ("auto" if kv is None else format_bytes(kv, sep=""))
-            raise UserError(e.explain("--kv-cache-memory", given)) from e
-        except ArtifactError as e:  # the files do not verify
-            raise UserError(f"refusing to serve {artifact}: {e}") from e
+def _with_serve_options(command: Any) -> Any:
+    for option in reversed(_SERVE_OPTIONS):
+        command = option(command)
+    return command
+
+
+def register(main: click.Group) -> None:
+    main.command(name="serve")(serve)
+
+
+@_with_serve_options
+def serve(
+    artifact: str,
+    served_model_name: str | None,
+    verify_key: str | None,
+    chat_template: str | None,
+    **options: Any,
+) -> None:
+    """Serve an artifact over HTTP with OpenAI's API (/v1/completions, /v1/chat/completions,
+    /v1/models, /health, /metrics) and vLLM's /tokenize, /detokenize, /version."""
+    from ingot.artifacts import ArtifactError, read_manifest
+    from ingot.artifacts.reference import InvalidReference
+    from ingot.artifacts.registry_client import RegistryError
+    from ingot.artifacts.signing import check_signature
+    from ingot.artifacts.store import resolve_artifact
+    from ingot.runtime.kv_pool import KVCacheTooSmall
+    from ingot.runtime.memory import format_bytes
+    from ingot.runtime.server.launch import ServeOptions, run_server
+    from ingot.runtime.speculative.load import resolve_config
+
+    template = _read_chat_template(Path(chat_template)) if chat_template else None
+
+    try:
+        artifact = str(resolve_artifact(artifact))  # oci://…: pull, or reuse the store
+        check_signature(artifact, verify_key=verify_key)  # before anything is loaded
+        manifest = read_manifest(Path(artifact))
+        name = served_model_name or manifest.name
+    except (ArtifactError, RegistryError, InvalidReference) as e:
+        raise UserError(f"refusing to serve {artifact}: {e}") from e
+    try:  # before the server starts: a bad config is the user's flag, not a load failure
+        resolve_config(manifest, options["speculative_config"])
+    except ValueError as e:
+        raise UserError(f"--speculative-config: {e}") from e
+    # The other options carry ServeOptions' field names; click has checked their values.
+    verify_key_file = Path(verify_key) if verify_key else None  # checked again at load
+    serve_options = ServeOptions(**options, verify_key=verify_key_file, chat_template=template)
+    # A load failure stops the server; say it in the user's words (their flags).
+    try:
+        run_server(artifact, name, serve_options)
+    except KVCacheTooSmall as e:
+        kv = serve_options.kv_cache_bytes
+        given = "--kv-cache-memory " + ("auto" if kv is None else format_bytes(kv, sep=""))
+        raise UserError(e.explain("--kv-cache-memory", given)) from e
+    except ArtifactError as e:  # the files do not verify
+        raise UserError(f"refusing to serve {artifact}: {e}") from e
 
 
 def _read_chat_template(path: Path) -> str:
