@@ -25,68 +25,54 @@ _E2E_BUCKETS = (
 )  # fmt: skip
 
 
+# (attribute, vLLM's name, vLLM's help text): one labelled child per served model.
+_GAUGES = (
+    ("num_requests_running", "vllm:num_requests_running",
+     "Number of requests in model execution batches."),
+    ("num_requests_waiting", "vllm:num_requests_waiting",
+     "Number of requests waiting to be processed."),
+    ("kv_cache_usage_perc", "vllm:kv_cache_usage_perc",
+     "KV-cache usage. 1 means 100 percent usage."),
+)  # fmt: skip
+_COUNTERS = (
+    ("num_preemptions", "vllm:num_preemptions", "Cumulative number of preemption."),
+    ("prompt_tokens", "vllm:prompt_tokens", "Number of prefill tokens processed."),
+    ("generation_tokens", "vllm:generation_tokens", "Number of generation tokens processed."),
+    ("prefix_cache_queries", "vllm:prefix_cache_queries",
+     "Prefix cache queries, in terms of number of queried tokens."),
+    ("prefix_cache_hits", "vllm:prefix_cache_hits",
+     "Prefix cache hits, in terms of number of cached tokens."),
+    ("spec_decode_num_drafts", "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+    ("spec_decode_num_draft_tokens", "vllm:spec_decode_num_draft_tokens",
+     "Number of draft tokens."),
+    ("spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens",
+     "Number of accepted tokens."),
+)  # fmt: skip
+# (attribute, vLLM's name, help text, buckets)
+_HISTOGRAMS = (
+    ("time_to_first_token", "vllm:time_to_first_token_seconds",
+     "Histogram of time to first token in seconds.", _TTFT_BUCKETS),
+    ("time_per_output_token", "vllm:time_per_output_token_seconds",
+     "Histogram of time per output token in seconds.", _TPOT_BUCKETS),
+    ("e2e_request_latency", "vllm:e2e_request_latency_seconds",
+     "Histogram of end to end request latency in seconds.", _E2E_BUCKETS),
+)  # fmt: skip
+
+
 class Metrics:
     """The server's gauges, counters and latency histograms for one served model."""
 
     def __init__(self, model_name: str) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self._model_name = model_name
         labels = ["model_name"]
-        r = self.registry
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=r).labels(model_name)
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=r).labels(model_name)
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model_name)
-
-        self.num_requests_running = gauge(
-            "vllm:num_requests_running", "Number of requests in model execution batches."
-        )
-        self.num_requests_waiting = gauge(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
-        )
-        self.kv_cache_usage_perc = gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
-        )
-        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter(
-            "vllm:generation_tokens", "Number of generation tokens processed."
-        )
-        self.prefix_cache_queries = counter(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-        )
-        self.prefix_cache_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
-        )
-        self.time_to_first_token = histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            _TTFT_BUCKETS,
-        )
-        self.time_per_output_token = histogram(
-            "vllm:time_per_output_token_seconds",
-            "Histogram of time per output token in seconds.",
-            _TPOT_BUCKETS,
-        )
-        self.e2e_request_latency = histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of end to end request latency in seconds.",
-            _E2E_BUCKETS,
-        )
-        self.spec_decode_num_drafts = counter(
-            "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."
-        )
-        self.spec_decode_num_draft_tokens = counter(
-            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."
-        )
-        self.spec_decode_num_accepted_tokens = counter(
-            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
-        )
+        for attr, name, doc in _GAUGES:
+            setattr(self, attr, Gauge(name, doc, labels, registry=r).labels(model_name))
+        for attr, name, doc in _COUNTERS:
+            setattr(self, attr, Counter(name, doc, labels, registry=r).labels(model_name))
+        for attr, name, doc, buckets in _HISTOGRAMS:
+            metric = Histogram(name, doc, labels, buckets=buckets, registry=r)
+            setattr(self, attr, metric.labels(model_name))
         self._spec_accepted_per_pos = Counter(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Accepted tokens per draft position.",
@@ -99,16 +85,10 @@ class Metrics:
             ["model_name", "finished_reason"],
             registry=r,
         )
-        self._model_name = model_name
         # The scheduler's counters are cumulative; these remember what the Prometheus counters hold.
-        self._seen = {
-            "preemptions": 0,
-            "queries": 0,
-            "hits": 0,
-            "drafts": 0,
-            "draft_tokens": 0,
-            "accepted": 0,
-        }
+        self._seen = dict.fromkeys(
+            ("preemptions", "queries", "hits", "drafts", "draft_tokens", "accepted"), 0
+        )
         self._seen_per_pos: list[int] = []
 
     def observe_stats(self, stats: object) -> None:
