@@ -91,23 +91,23 @@ def create_app(
         await asyncio.to_thread(llm.shutdown)
 
     app = FastAPI(title="ingot", summary="OpenAI-compatible server", lifespan=lifespan)
-    serving = Serving(llm, model_name)
     _install_error_handlers(app)
     # The last added runs first: every response, a 413 included, gets its X-Request-Id.
     app.add_middleware(RequestBodyLimit, max_bytes=max_request_bytes)
     app.add_middleware(RequestId)
+    _add_status_routes(app, llm, model_name)
+    _add_model_routes(app, llm, model_name)
+    return app
+
+
+def _add_status_routes(app: FastAPI, llm: AsyncLLM, model_name: str) -> None:
+    """/health, /metrics, /v1/models[/ID] and /version: what the server is and holds."""
 
     def card() -> ModelCard:
         model = llm.model
         return ModelCard(
             id=model_name, max_model_len=model.max_model_len if model is not None else None
         )
-
-    def served(requested: str | None) -> ServedModel:
-        if requested is not None and requested != model_name:
-            raise model_not_found(requested)
-        llm.check_admitting()  # 503 loading / draining, 500 failed
-        return llm.model
 
     @app.get("/health", responses={503: _ERRORS[503]})
     async def health() -> Response:
@@ -141,6 +141,17 @@ def create_app(
         """ingot's version (vLLM's /version)."""
         return {"version": _VERSION}
 
+
+def _add_model_routes(app: FastAPI, llm: AsyncLLM, model_name: str) -> None:
+    """The routes that use the model: completions, chat, /tokenize and /detokenize."""
+    serving = Serving(llm, model_name)
+
+    def served(requested: str | None) -> ServedModel:
+        if requested is not None and requested != model_name:
+            raise model_not_found(requested)
+        llm.check_admitting()  # 503 loading / draining, 500 failed
+        return llm.model
+
     @app.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
     async def tokenize_route(body: TokenizeRequest) -> TokenizeResponse:
         """vLLM's /tokenize: a prompt or chat messages -> token ids."""
@@ -158,8 +169,6 @@ def create_app(
     @app.post("/v1/chat/completions", responses=_ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await _until_disconnect(request, serving.chat(body))
-
-    return app
 
 
 async def _until_disconnect(request: Request, handler: Awaitable[Response]) -> Response:
