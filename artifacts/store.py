@@ -27,7 +27,6 @@ from pathlib import Path
 from ingot.artifacts.digest import sha256_bytes
 from ingot.artifacts.errors import ArtifactError
 from ingot.artifacts.paths import MANIFEST_NAME, display_path, safe_relative_path
-from ingot.artifacts.reference import is_oci_reference
 from ingot.artifacts.verify import verify_artifact
 
 __all__ = [
@@ -36,7 +35,6 @@ __all__ = [
     "PartialBlob",
     "default_store_dir",
     "materialize",
-    "resolve_artifact",
 ]
 
 _CHUNK = 1 << 20
@@ -222,20 +220,6 @@ def materialize(
     if not in_place:
         _swap_into_place(work, out)
     return out
-
-
-def resolve_artifact(ref_or_path: Path | str, *, store: BlobStore | None = None) -> Path:
-    """The local artifact directory for a path or an `oci://` reference.
-
-    A reference is pulled into the store (blobs already there are not downloaded again; a
-    digest reference already materialized needs no network at all). Paths are returned as is:
-    verification is the loader's job.
-    """
-    if is_oci_reference(ref_or_path):
-        from ingot.artifacts.oci import pull  # requests / oras only when a registry is named
-
-        return pull(str(ref_or_path), store=store, trust_existing=True).path
-    return Path(ref_or_path)
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

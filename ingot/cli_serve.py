@@ -147,8 +147,8 @@ def serve(
     from ingot.artifacts import ArtifactError, read_manifest
     from ingot.artifacts.reference import InvalidReference
     from ingot.artifacts.registry_client import RegistryError
+    from ingot.artifacts.resolve import resolve_artifact
     from ingot.artifacts.signing import check_signature
-    from ingot.artifacts.store import resolve_artifact
     from ingot.runtime.kv_pool import KVCacheTooSmall
     from ingot.runtime.memory import format_bytes
     from ingot.runtime.server.launch import ServeOptions, run_server

@@ -55,7 +55,7 @@ class RequestOutput:
 def resolve_model(model: str | Path) -> Path:
     """The local artifact directory for `model`. The one place a model reference is resolved:
     registry references (oci://...) are pulled into the local store here."""
-    from ingot.artifacts.store import resolve_artifact
+    from ingot.artifacts.resolve import resolve_artifact
 
     return resolve_artifact(model)
 

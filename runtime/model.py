@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ingot.artifacts import EngineInfo, Manifest, safe_relative_path, verify_artifact
+from ingot.artifacts.resolve import resolve_artifact
 from ingot.artifacts.signing import check_signature
-from ingot.artifacts.store import resolve_artifact
 from ingot.runtime.engine_select import select_engine
 from ingot.runtime.generate import DEFAULT_MAX_NUM_SEQS, Generator, GeneratorConfig
 from ingot.runtime.kv_pool import KVCacheTooSmall, KVPool, kv_numpy_dtype

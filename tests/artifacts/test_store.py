@@ -5,7 +5,8 @@ import hashlib
 import pytest
 
 from ingot.artifacts import ArtifactError
-from ingot.artifacts.store import BlobStore, FileBlob, resolve_artifact
+from ingot.artifacts.resolve import resolve_artifact
+from ingot.artifacts.store import BlobStore, FileBlob
 
 DATA = bytes(range(256)) * 1000
 
