@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from ingot.common.errors import IngotError
+
 __all__ = ["ArtifactError"]
 
 
-class ArtifactError(Exception):
+class ArtifactError(IngotError):
     """An artifact (or a path inside one) was refused.
 
     `problems` lists every individual finding, each naming the file it is about, so a caller

@@ -11,6 +11,8 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
+from ingot.common.errors import IngotError
+
 __all__ = ["OCI_SCHEME", "Reference", "InvalidReference", "is_oci_reference", "parse_reference"]
 
 OCI_SCHEME = "oci://"
@@ -22,7 +24,7 @@ _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _EXAMPLE = "oci://registry.example.com:5000/models/llama:v1 or …/models/llama@sha256:<64 hex>"
 
 
-class InvalidReference(ValueError):
+class InvalidReference(IngotError, ValueError):
     """A registry reference that does not parse; the message says which part and why."""
 
 

@@ -29,6 +29,7 @@ import requests
 from ingot.artifacts.errors import ArtifactError
 from ingot.artifacts.reference import Reference
 from ingot.artifacts.store import FileBlob, PartialBlob
+from ingot.common.errors import IngotError
 
 __all__ = ["RegistryClient", "RegistryError", "RegistryUnavailable", "Retry"]
 
@@ -39,7 +40,7 @@ _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _CHUNK = 64 << 10
 
 
-class RegistryError(RuntimeError):
+class RegistryError(IngotError, RuntimeError):
     """The registry answered, but not with what was asked for (auth, not found, refused)."""
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ingot.artifacts.digest import sha256_file
+from ingot.common.errors import IngotError
 
 __all__ = [
     "DATA_EXTENSIONS",
@@ -63,7 +64,7 @@ _TOKENS_FILE = "tokens.safetensors"
 _META_FILE = "calibration.json"
 
 
-class CalibrationError(ValueError):
+class CalibrationError(IngotError, ValueError):
     """The calibration data cannot be read, or is too small for the recipe."""
 
 

@@ -17,6 +17,8 @@ import traceback
 
 import click
 
+from ingot.common.errors import IngotError
+
 __all__ = [
     "INTERNAL_ERROR_EXIT",
     "USER_ERROR_EXIT",
@@ -56,7 +58,7 @@ USER_ERROR_TYPES: tuple[tuple[str, str], ...] = (
 )
 
 
-class UserError(Exception):
+class UserError(IngotError):
     """A failure the user can fix, in the command's words; raise it ``from`` the cause."""
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ingot.common.errors import IngotError
 from ingot.runtime.memory import host_memory_available
 
 from .plan import CONSTANTS, Plan, format_bytes
@@ -52,7 +53,7 @@ _DISK_LABELS = {
 }
 
 
-class ResourceError(RuntimeError):
+class ResourceError(IngotError, RuntimeError):
     """The build needs more memory or disk than this machine has (a user error: one line)."""
 
 

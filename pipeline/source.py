@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ingot.artifacts.digest import sha256_file
+from ingot.common.errors import IngotError
 
 from .model.load import weight_files
 
@@ -33,7 +34,7 @@ OFFLINE_HINT = (
 )
 
 
-class SourceError(ValueError):
+class SourceError(IngotError, ValueError):
     """The checkpoint cannot be used: missing files, remote code, unpinned hub revision."""
 
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from ingot.common.errors import IngotError
 from ingot.runtime.batch import Batch, DecodeInputs, build_inputs
 from ingot.runtime.kv_pool import KVPool, OutOfBlocks
 from ingot.runtime.logits import LogitsProcessor
@@ -74,7 +75,7 @@ __all__ = [
 DEFAULT_MAX_NUM_SEQS = 64
 
 
-class RequestError(ValueError):
+class RequestError(IngotError, ValueError):
     """A request the generator cannot run: an empty prompt, token ids outside the vocabulary,
     or more tokens than the context holds (the caller's input, a 400 to a server client).
     `param` names the request field at fault, when one is."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ingot.common.errors import IngotError
 from ingot.runtime.memory import format_bytes
 from ingot.runtime.prefix_cache import PrefixCache
 
@@ -51,7 +52,7 @@ class OutOfBlocks(RuntimeError):
     """The pool has fewer free blocks than an allocation needs."""
 
 
-class KVCacheTooSmall(ValueError):
+class KVCacheTooSmall(IngotError, ValueError):
     """The KV cache budget holds less than it must (a block, or one full-length sequence):
     a setting to raise, not a bug.
 

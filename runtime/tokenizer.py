@@ -12,6 +12,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from ingot.artifacts import ArtifactError, TokenizerInfo, safe_relative_path
+from ingot.common.errors import IngotError
 
 __all__ = [
     "ChatTemplateError",
@@ -31,11 +32,11 @@ _REPLACEMENT = "\ufffd"
 _CONTEXT_TOKENS = 5
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(IngotError, ValueError):
     """The artifact has no chat template, or rendering it failed."""
 
 
-class InvalidText(ValueError):
+class InvalidText(IngotError, ValueError):
     """Text that is not valid Unicode (a lone surrogate, which JSON's "\\ud800" escapes and
     surrogateescape'd argv can carry): it has no UTF-8 form, so no tokens. A request error."""
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ingot.common.errors import IngotError
+
 __all__ = ["EvalDataError"]
 
 
-class EvalDataError(ValueError):
+class EvalDataError(IngotError, ValueError):
     """The recipe's evaluation data is missing, unreadable or too short."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ingot.common.errors import IngotError
+
 __all__ = [
     "EvalGateError",
     "perplexity_report",
@@ -23,7 +25,7 @@ __all__ = [
 _DIGITS = 6  # reported precision; the build decides pass / fail on these same numbers
 
 
-class EvalGateError(ValueError):
+class EvalGateError(IngotError, ValueError):
     """The quantized model fails a quality gate of the recipe's `evaluate` section."""
 
 

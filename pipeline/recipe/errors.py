@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, Discriminator, Tag, ValidationError
 from pydantic.fields import FieldInfo
 
+from ingot.common.errors import IngotError
+
 __all__ = ["RecipeError", "format_validation_error", "format_problem"]
 
 _MAX_VALUE_REPR = 80
@@ -34,7 +36,7 @@ _NO_GOT = {
 }
 
 
-class RecipeError(Exception):
+class RecipeError(IngotError):
     """A recipe that cannot be built; `problems` holds one human-readable line per problem."""
 
     def __init__(self, problems: list[str]) -> None:
