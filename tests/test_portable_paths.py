@@ -5,9 +5,9 @@ committed reports recorded its paths (issue: "Benchmarks tied to one machine"). 
 every tracked text file for the absolute paths that only exist on one machine: a fixed
 top-level folder (`work`, `root`, `Users`), a home directory, a named temporary path, a Windows
 drive. System locations (proc, dev, usr), URLs, and placeholders such as `<store>/tmp/` are
-not machine paths. It also checks what keeps the benchmarks portable: benchmarks/paths.py (the
-defaults found from the checkout, and the rewriting of report paths) and the peers'
-requirements files.
+not machine paths. It also checks what keeps the benchmarks portable:
+benchmarks/harness/paths.py (the defaults found from the checkout, and the rewriting of report
+paths) and the peers' requirements files.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def test_no_tracked_file_holds_a_machine_path() -> None:
             hits.append(f"{name}:{number}: {what}: {found!r}")
     assert not hits, (
         "tracked files name paths of one particular machine; find them from the repository "
-        "(benchmarks/paths.py), take them as options, or write them relative:\n" + "\n".join(hits)
+        "(benchmarks/harness/paths.py), take them as options, or write them relative:\n"
+        + "\n".join(hits)
     )
 
 
@@ -143,13 +144,15 @@ def test_a_literal_temporary_path_is_data_in_tests() -> None:
     assert machine_paths(line) and not machine_paths(line, is_test=True)
 
 
-# -- benchmarks/paths.py: defaults from the checkout, reports without machine paths ----------
+# -- benchmarks/harness/paths.py: defaults from the checkout, reports without machine paths --
 
 
 @pytest.fixture(scope="module")
 def paths() -> ModuleType:
-    # benchmarks/ is not a package: its scripts import paths.py as a sibling module.
-    spec = importlib.util.spec_from_file_location("bench_paths", REPO / "benchmarks" / "paths.py")
+    # Loaded by its path (it imports only the standard library): the test needs no
+    # benchmarks package on sys.path.
+    path = REPO / "benchmarks" / "harness" / "paths.py"
+    spec = importlib.util.spec_from_file_location("bench_paths", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

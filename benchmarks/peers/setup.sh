@@ -9,8 +9,9 @@
 # https://download.pytorch.org/whl/cpu) to take it from the CPU-only index. A line
 # `#setup.sh: uninstall PKG...` in the file removes those packages after the install (a peer's
 # dependencies whose wheels do not match the pinned torch: vllm).
-# The benchmarks find these virtualenvs by default (paths.peer_python); --<peer>-python
-# options point elsewhere.
+# The benchmarks find these virtualenvs by default (benchmarks/harness/paths.py: peer_python)
+# and run their workers there with the repository on PYTHONPATH (benchmarks/harness/launch.py);
+# --<peer>-python options point elsewhere.
 set -euo pipefail
 
 peers_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

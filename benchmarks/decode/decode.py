@@ -1,0 +1,518 @@
+"""Decode speed of ingot side by side with onnxruntime-genai and llama.cpp, on one host.
+
+Reproduce (alone on a quiet machine; about 12 minutes on 2 cores, 696 s for the committed report,
+some minutes more the first time, which builds the 1B checkpoint and every engine's model into the
+benchmark cache; writes benchmarks/results/decode.json and decode.md):
+
+    benchmarks/peers/setup.sh onnxruntime-genai && benchmarks/peers/setup.sh llama-cpp
+    .venv/bin/python -m benchmarks.decode.decode
+
+Options: [--models pydoc-16m,llama-1b-shape] [--tokens 128] [--batch 32] [--runs 3]
+[--engines ingot,onnxruntime-genai,llama.cpp] [--parts batch1,batched,prefill,profile]
+[--prefill-models pydoc-16m] [--prefill-prompts 32] [--prefill-len 256] [--threads 2]
+[--wait-idle SECONDS] [--models-dir DIR] [--eval-text FILE] [--ortgenai-python PATH]
+[--llama-cpp-python PATH] [--out-dir DIR] [--quick] [--report-only]. `--quick` is a smoke run
+(pydoc-16m, 16 tokens, batch 4, one run, a small prefill) written to a temporary directory,
+never over the committed results; `--report-only` writes decode.md again from decode.json.
+
+Every engine gets the same weights' format: RTN int4, groups of 32, symmetric, lm_head
+included, int8 activations in the matmuls (MatMulNBits accuracy level 4; llama.cpp's Q4_0 dot
+products do the same), the same thread count, greedy decoding with EOS ignored:
+
+- ingot: an artifact built here (artifact.py), run through the public runtime API;
+- onnxruntime-genai: its own model builder (`-p int4 -e cpu --extra_options int4_block_size=32
+  int4_accuracy_level=4`) on the same checkpoint;
+- llama.cpp (llama-cpp-python): the GGUF (Q4_0) ingot's build writes with `interop: [gguf]`.
+
+Measured, per model (pydoc-16m, trained; the Llama-3.2-1B shape with random weights, vocab
+32000), each engine in its own process after a warm-up, in `--runs` interleaved rounds: each
+round times one run of every engine in turn (the order rotated each round) and then the memory
+bandwidth, so drift of the host hits every engine alike (harness.rounds, rounds.py); medians over
+rounds:
+
+1. batch 1: decode tok/s (TTFT apart), TPOT p50 / p99, the ratio ingot / peer (the median of
+   the rounds' paired ratios), the fraction of the memory-bandwidth bound (each round's rate
+   over the bound from that round's bandwidth and the bytes each step must read in each
+   engine's format: traffic.py), greedy agreement with the fp32 IR (pydoc-16m only);
+2. `--batch` prompts decoding together: ingot adds them all to one Generator (in-flight
+   batching), onnxruntime-genai runs one static batch, llama.cpp one llama_batch with a
+   sequence id per prompt;
+3. prefill (ingot only): `--prefill-prompts` prompts of `--prefill-len` tokens at once, against
+   the same kind of tokens as one packed sequence. A sequence cannot exceed the model's
+   context (pydoc-16m: 1024), so the packed case is scaled down: 4 prompts at once against
+   their concatenation, cut to max_seq_len - 1 tokens; tokens/s compares them;
+4. ingot's step time by ONNX Runtime op type (its profiler) at batch 1 and at `--batch`: shares
+   only, since the profiler inflates the time of each node;
+5. the host's load between cases (harness.load.LoadWatch): a run whose load exceeded the
+   thread count is written with a REFUSED line at the top and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.decode.artifact import (
+    KV_BLOCK_SIZE,
+    MATMUL_ACCURACY_LEVEL,
+    WORKER,
+    build_spec,
+    export_max_seq_len,
+    find_gguf,
+    gguf_available,
+    prune_stale_caches,
+)
+from benchmarks.decode.graphs import artifact_graphs
+from benchmarks.decode.models import MODELS, PROMPT_LEN, BenchModel, prepare_model
+from benchmarks.decode.peers import (
+    LLAMA_CPP,
+    LLAMA_CPP_DISTRIBUTION,
+    ORTGENAI,
+    build_ortgenai,
+    set_ortgenai_threads,
+)
+from benchmarks.decode.report import STEM, markdown, publish_report
+from benchmarks.decode.rounds import merge_rounds, pair_ratios, round_bounds
+from benchmarks.decode.traffic import (
+    FLOAT32,
+    INT4_G32,
+    Q4_0,
+    decode_traffic,
+    mean_decode_context,
+)
+from benchmarks.harness.launch import WorkerFailed, run_worker
+from benchmarks.harness.load import LoadWatch, wait_idle
+from benchmarks.harness.machine import machine_info, measure_bandwidth
+from benchmarks.harness.paths import (
+    RESULTS,
+    data_dir,
+    missing_peer,
+    models_dir,
+    peer_python,
+    peer_version,
+)
+from benchmarks.harness.report import add_report_only, rerender
+from benchmarks.harness.rounds import interleave
+from ingot.pipeline.model.config import ModelConfig
+
+DEFAULT_THREADS = 2  # what the committed results ran with (a 2-core host)
+ENGINES = ("ingot", "onnxruntime-genai", "llama.cpp")
+PARTS = ("batch1", "batched", "prefill", "profile")
+REFERENCE = "ir-fp32"  # greedy reference on the trained model
+WARMUP_TOKENS = 8  # each step reads every weight, so a few steps page them all in
+DECODE_BUDGET_S = 300  # a round's timed run; a slower engine gets a shorter one (flagged)
+REDUCED_BUDGET_S = 90  # that shorter run
+PROFILE_TOKENS = 32  # decode steps under the profiler (steady state; the profiler is slow)
+PROFILE_SKIP_STEPS = 2  # decode steps after the prefill left out of the profile as warm-up
+PACKED_PROMPTS = 4  # the packed-prefill comparison: this many prompts vs their concatenation
+WORKER_TIMEOUT_S = 1800
+BUILD_TIMEOUT_S = 3600
+# Bytes per element of each engine's KV cache: ingot's recipe and onnxruntime-genai's CPU
+# build keep fp32, llama.cpp's default cache is f16.
+KV_BYTES = {"ingot": 4, "onnxruntime-genai": 4, "llama.cpp": 2, REFERENCE: 4}
+WEIGHTS = {"ingot": INT4_G32, "onnxruntime-genai": INT4_G32, "llama.cpp": Q4_0, REFERENCE: FLOAT32}
+QUICK = dict(tokens=16, batch=4, runs=1, prefill_prompts=8, prefill_len=64)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    if args.report_only:
+        return rerender(args.out_dir, STEM, markdown)
+    watch = LoadWatch(args.threads)
+    idle_wait_s = wait_idle(args.wait_idle, _log)
+    started = time.perf_counter()
+    for path in prune_stale_caches():
+        _log(f"removed {path} (built by other ingot code)")
+    machine = machine_info() | {"waited_for_idle_s": idle_wait_s}
+    bandwidth = [measure_bandwidth(args.threads)]
+    watch.sample()
+    results: dict[str, Any] = {"models": {}}
+    with tempfile.TemporaryDirectory(prefix="ingot-bench-") as tmp_dir:
+        bench = Bench(args, Path(tmp_dir), watch)
+        for name in args.models:
+            _log(f"model {name}: preparing")
+            model = prepare_model(name, args.models_dir, args.eval_text)
+            results["models"][name] = bench.model(model)
+    bandwidth.append(measure_bandwidth(args.threads))
+    refused = watch.refusal()
+    report = _report(machine, bandwidth, results, args, watch, refused)
+    report["wall_s"] = time.perf_counter() - started
+    _log(f"done in {report['wall_s']:.0f} s")
+    return publish_report(report, args.out_dir)
+
+
+class Bench:
+    """The cases of one model, each in a worker process; the load sampled after each."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path, watch: LoadWatch) -> None:
+        self.args, self.tmp, self.watch = args, tmp, watch
+
+    def model(self, model: BenchModel) -> dict[str, Any]:
+        args = self.args
+        out: dict[str, Any] = {"config": _model_summary(model)}
+        builds = out["builds"] = {}
+        artifact, builds["ingot"] = self._build_ingot(model)
+        ortgenai_dir = None
+        if "onnxruntime-genai" in args.engines and {"batch1", "batched"} & set(args.parts):
+            builds["onnxruntime-genai"], ortgenai_dir = self._build_ortgenai(model)
+        gguf = find_gguf(artifact) if artifact else None
+        loads = self._loads(model, artifact, ortgenai_dir, gguf, builds)
+
+        batch1 = [model.prompt_ids]
+        batched = model.prompts(args.batch, PROMPT_LEN)
+        if "batch1" in args.parts:
+            if model.name == "pydoc-16m":
+                spec = {"path": str(model.path), "threads": args.threads}
+                out["reference"] = self._decode(model, REFERENCE, spec, batch1, runs=1, warmup=1)
+            out["batch1"] = self._decode_rounds(model, loads, batch1)
+            _compare_tokens(out["batch1"], out.get("reference"))
+        if "batched" in args.parts:
+            out["batched"] = self._decode_rounds(model, loads, batched)
+        if "prefill" in args.parts and model.name in args.prefill_models:
+            out["prefill"] = self._prefill(model, artifact)
+        if "profile" in args.parts:
+            out["profile"] = {
+                str(len(prompts)): self._profile(model, artifact, prompts)
+                for prompts in (batch1, batched)
+            }
+        return out
+
+    def _build_ingot(self, model: BenchModel) -> tuple[str | None, dict[str, Any]]:
+        interop = ["gguf"] if "llama.cpp" in self.args.engines and gguf_available() else []
+        _log(f"model {model.name}: building the ingot artifact (interop {interop})")
+        spec = build_spec(model, self.tmp, self.args.threads, interop)
+        built = self._worker(spec, BUILD_TIMEOUT_S)
+        self.watch.sample()
+        if not built["ok"]:
+            return None, built
+        built["graphs"] = artifact_graphs(built["artifact"])
+        built["interop_requested"] = interop
+        return built["artifact"], built
+
+    def _build_ortgenai(self, model: BenchModel) -> tuple[dict[str, Any], Path | None]:
+        _log(f"model {model.name}: onnxruntime-genai model builder")
+        record, out = build_ortgenai(model, self.args.ortgenai_python, BUILD_TIMEOUT_S)
+        self.watch.sample()
+        if out is not None:
+            record |= set_ortgenai_threads(out, self.args.threads)
+        return record, out
+
+    def _loads(
+        self,
+        model: BenchModel,
+        artifact: str | None,
+        ortgenai_dir: Path | None,
+        gguf: Path | None,
+        builds: dict[str, Any],
+    ) -> dict[str, dict[str, Any] | str]:
+        """Each engine's load arguments, or why it cannot run (a failed row)."""
+        loads: dict[str, dict[str, Any] | str] = {}
+        if artifact is None:
+            loads["ingot"] = f"ingot build failed: {builds['ingot'].get('error')}"
+        else:
+            loads["ingot"] = {"artifact": artifact}
+        if ortgenai_dir is None:
+            failed = builds.get("onnxruntime-genai") or {}
+            loads["onnxruntime-genai"] = f"model builder failed: {failed.get('error')}"
+        else:
+            loads["onnxruntime-genai"] = {"model_dir": str(ortgenai_dir)}
+        missing = missing_peer(LLAMA_CPP, LLAMA_CPP_DISTRIBUTION, self.args.llama_cpp_python)
+        if missing is not None:
+            loads["llama.cpp"] = missing["error"]
+        elif gguf is None:
+            why = "" if gguf_available() else " (this ingot has no `interop: [gguf]`)"
+            loads["llama.cpp"] = f"no GGUF in the ingot artifact{why}"
+        else:
+            # Each sequence's share of the context: its prompt and output, rounded up.
+            ctx = -(-(PROMPT_LEN + self.args.tokens + 1) // 256) * 256
+            loads["llama.cpp"] = {"gguf": str(gguf), "threads": self.args.threads}
+            loads["llama.cpp"] |= {"ctx_per_seq": ctx}
+        return loads
+
+    def _decode_rounds(
+        self, model: BenchModel, loads: dict[str, dict[str, Any] | str], prompts: list[list[int]]
+    ) -> dict[str, dict[str, Any]]:
+        """Every engine's case over `--runs` rounds, one timed run per engine per round, in
+        turn (harness.rounds); the bandwidth measured after each round bounds that round."""
+        engines = list(self.args.engines)
+        bandwidths = []
+
+        def after_round(_: int) -> None:
+            bandwidths.append(measure_bandwidth(self.args.threads))
+            self.watch.sample()
+
+        rounds = interleave(
+            engines,
+            self.args.runs,
+            lambda engine, _: self._decode(model, engine, loads[engine], prompts, runs=1),
+            after_round=after_round,
+        )
+        cases = {e: merge_rounds(rounds[e]) for e in engines}
+        for case in cases.values():
+            round_bounds(case, [b["bytes_per_s"] for b in bandwidths])
+        pair_ratios(cases)
+        return cases
+
+    def _decode(
+        self,
+        model: BenchModel,
+        engine: str,
+        load: dict[str, Any] | str,
+        prompts: list[list[int]],
+        runs: int | None = None,
+        warmup: int = WARMUP_TOKENS,
+    ) -> dict[str, Any]:
+        args = self.args
+        tokens, batch = args.tokens, len(prompts)
+        traffic = self._traffic(model, engine, batch, len(prompts[0]), tokens)
+        if isinstance(load, str):
+            return {"ok": False, "error": load, "traffic": traffic}
+        load = dict(load)
+        if engine in ("ingot", "llama.cpp"):
+            load |= {"batch": batch, "batched_tokens": sum(map(len, prompts))}
+        _log(f"model {model.name}: {engine}, {batch} x {tokens} tokens")
+        spec = {
+            "kind": "decode",
+            "engine": engine,
+            "load": load,
+            "prompts": prompts,
+            "tokens": tokens,
+            "warmup_tokens": min(warmup, tokens),
+            "runs": runs or args.runs,
+            "budget_s": DECODE_BUDGET_S,
+            "reduced_budget_s": REDUCED_BUDGET_S,
+        }
+        python = {
+            "onnxruntime-genai": args.ortgenai_python,
+            "llama.cpp": args.llama_cpp_python,
+        }.get(engine)
+        result = self._worker(spec, WORKER_TIMEOUT_S, python)
+        result["load_1min_after"] = self.watch.sample()
+        result["traffic"] = traffic
+        return result
+
+    def _traffic(
+        self, model: BenchModel, engine: str, batch: int, prompt_len: int, tokens: int
+    ) -> dict[str, Any]:
+        cfg = ModelConfig.from_dir(model.path)
+        context = mean_decode_context(prompt_len, tokens)
+        weights = WEIGHTS[engine]
+        return decode_traffic(cfg, weights, weights, context, KV_BYTES[engine], batch)
+
+    def _prefill(self, model: BenchModel, artifact: str | None) -> dict[str, Any]:
+        if artifact is None:
+            return {"ok": False, "error": "ingot build failed"}
+        args = self.args
+        many = model.prompts(args.prefill_prompts, args.prefill_len)
+        few = many[:PACKED_PROMPTS]
+        packed = [t for p in few for t in p][: export_max_seq_len(model) - 1]
+        cases = [
+            {"name": "batched", "prompts": many},
+            {"name": "batched", "prompts": few},
+            {"name": "packed", "prompts": [packed]},
+        ]
+        _log(f"model {model.name}: ingot prefill")
+        spec = {"kind": "prefill", "artifact": artifact, "cases": cases, "runs": args.runs}
+        result = self._worker(spec, WORKER_TIMEOUT_S)
+        result["load_1min_after"] = self.watch.sample()
+        return result
+
+    def _profile(
+        self, model: BenchModel, artifact: str | None, prompts: list[list[int]]
+    ) -> dict[str, Any]:
+        if artifact is None:
+            return {"ok": False, "error": "ingot build failed"}
+        _log(f"model {model.name}: ingot under the ONNX Runtime profiler, batch {len(prompts)}")
+        spec = {
+            "kind": "profile",
+            "artifact": artifact,
+            "prompts": prompts,
+            "tokens": min(self.args.tokens, PROFILE_TOKENS),
+            "skip_steps": PROFILE_SKIP_STEPS,
+            "prefix": str(self.tmp / f"ort-profile-{model.name}-{len(prompts)}"),
+        }
+        result = self._worker(spec, WORKER_TIMEOUT_S)
+        result["load_1min_after"] = self.watch.sample()
+        return result
+
+    def _worker(self, spec: dict, timeout_s: float, python: Path | None = None) -> dict:
+        """Run one spec in a fresh process; a crash or timeout becomes an error record."""
+        started = time.perf_counter()
+        try:
+            result = run_worker(WORKER, spec, self.tmp, timeout_s, python)
+        except WorkerFailed as e:
+            return {"ok": False, "error": str(e)}
+        result["wall_s"] = time.perf_counter() - started
+        return result
+
+
+def _compare_tokens(cases: dict[str, dict[str, Any]], reference: dict | None) -> None:
+    """Greedy agreement with the fp32 IR: how many leading tokens are identical."""
+    for case in cases.values():
+        if reference is None or not reference.get("ok") or not case.get("ok"):
+            case["tokens_match_reference"] = None
+            continue
+        ours, theirs = case["tokens"][0], reference["tokens"][0]
+        same = 0
+        for a, b in zip(ours, theirs, strict=False):
+            if a != b:
+                break
+            same += 1
+        case["tokens_match_reference"] = {
+            "leading_identical": same,
+            "of": min(len(ours), len(theirs)),
+        }
+
+
+def _model_summary(model: BenchModel) -> dict[str, Any]:
+    cfg = ModelConfig.from_dir(model.path)
+    return {
+        "path": str(model.path),
+        "layers": cfg.num_layers,
+        "hidden": cfg.hidden_size,
+        "vocab": cfg.vocab_size,
+        "tied_embeddings": cfg.tie_word_embeddings,
+        "export_max_seq_len": export_max_seq_len(model),
+        "prompt_tokens": len(model.prompt_ids),
+    }
+
+
+def _report(
+    machine: dict,
+    bandwidth: list[dict],
+    results: dict,
+    args: argparse.Namespace,
+    watch: LoadWatch,
+    refused: str | None,
+) -> dict[str, Any]:
+    # Each case's bound and fraction came from its rounds' bandwidths (_decode_rounds);
+    # the runs before and after all the cases show how far the host's bandwidth moved.
+    best = max(bandwidth, key=lambda b: b["bytes_per_s"])
+    peers = {
+        ORTGENAI: peer_version(args.ortgenai_python, ORTGENAI),
+        f"onnxruntime (with {ORTGENAI})": peer_version(args.ortgenai_python, "onnxruntime"),
+        LLAMA_CPP_DISTRIBUTION: peer_version(args.llama_cpp_python, LLAMA_CPP_DISTRIBUTION),
+    }
+    return {
+        "benchmark": "decode",
+        "refused": refused,
+        "settings": {
+            "models": args.models,
+            "engines": args.engines,
+            "parts": args.parts,
+            "greedy": True,
+            "ignore_eos": True,
+            "new_tokens": args.tokens,
+            "prompt_tokens": PROMPT_LEN,
+            "batch": args.batch,
+            "warmup_tokens": min(WARMUP_TOKENS, args.tokens),
+            "runs": args.runs,
+            "rounds": "interleaved: one timed run per engine per round, engines in turn",
+            "statistic": "median",
+            "decode_budget_s": DECODE_BUDGET_S,
+            "reduced_budget_s": REDUCED_BUDGET_S,
+            "threads": args.threads,
+            "weights": "RTN int4 g32 symmetric, lm_head included",
+            "matmul_accuracy_level": MATMUL_ACCURACY_LEVEL,
+            "kv_bytes_per_element": KV_BYTES,
+            "kv_block_size": KV_BLOCK_SIZE,
+            "prefill": {
+                "models": args.prefill_models,
+                "prompts": args.prefill_prompts,
+                "tokens_per_prompt": args.prefill_len,
+                "packed_prompts": PACKED_PROMPTS,
+            },
+            "profile": {"tokens": min(args.tokens, PROFILE_TOKENS), "skip": PROFILE_SKIP_STEPS},
+            "quick": args.quick,
+        },
+        "machine": machine | {"peer_versions": peers},
+        "bandwidth": {"runs": bandwidth, "bytes_per_s": best["bytes_per_s"]},
+        "host_load": watch.record(),
+        "results": results,
+    }
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated model names")
+    parser.add_argument("--tokens", type=int, default=128, help="new tokens per sequence")
+    parser.add_argument("--batch", type=int, default=32, help="sequences decoding together")
+    parser.add_argument(
+        "--runs", type=int, default=3, help="interleaved rounds: one timed run per engine each"
+    )
+    parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated engines")
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts")
+    parser.add_argument("--prefill-models", default="pydoc-16m", help="models of the prefill part")
+    parser.add_argument("--prefill-prompts", type=int, default=32)
+    parser.add_argument("--prefill-len", type=int, default=256, help="tokens per prefill prompt")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: pydoc-16m, 16 tokens, batch 4, 1 run, small prefill; to a temp dir",
+    )
+    parser.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="first wait up to this long for the 1-min load average to drop below 1",
+    )
+    parser.add_argument(
+        "--models-dir",
+        type=Path,
+        default=models_dir(),
+        metavar="DIR",
+        help="directory holding pydoc-16m (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--eval-text",
+        type=Path,
+        default=data_dir() / "pydoc-eval.txt",
+        metavar="FILE",
+        help="text of pydoc-16m's batched and prefill prompts (default: %(default)s)",
+    )
+    for peer, flag in ((ORTGENAI, "--ortgenai-python"), (LLAMA_CPP, "--llama-cpp-python")):
+        parser.add_argument(
+            flag,
+            type=Path,
+            default=peer_python(peer),
+            metavar="PATH",
+            help=f"{peer}'s interpreter (default: %(default)s, made by "
+            f"benchmarks/peers/setup.sh {peer})",
+        )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=DEFAULT_THREADS,
+        help="intra-op threads of every engine and of the bandwidth probe (default: %(default)s)",
+    )
+    parser.add_argument("--out-dir", type=Path, default=None, metavar="DIR")
+    add_report_only(parser)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models = "pydoc-16m"
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    if args.out_dir is None:
+        quick_dir = Path(tempfile.gettempdir()) / "ingot-decode-quick"
+        args.out_dir = quick_dir if args.quick else RESULTS
+    for name, known in (("models", MODELS), ("engines", ENGINES), ("parts", PARTS)):
+        values = getattr(args, name).split(",")
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            parser.error(f"--{name}: unknown {unknown} (known: {', '.join(known)})")
+        setattr(args, name, values)
+    args.prefill_models = args.prefill_models.split(",")
+    return args
+
+
+def _log(message: str) -> None:
+    print(f"[decode] {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
