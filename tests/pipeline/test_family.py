@@ -3,12 +3,15 @@ ONNX decoder implement for the features a family names."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ingot.pipeline.export import decoder
 from ingot.pipeline.model import layers, rope
 from ingot.pipeline.model.config import ConfigError, ModelConfig
 from ingot.pipeline.model.family import MODEL_FAMILIES
+from ingot.pipeline.preflight import family_problems
 
 from fixtures import BASE
 
@@ -89,3 +92,15 @@ def test_tensor_names_round_trip(name: str) -> None:
         ("lm_head.weight", "lm_head.weight"),
     ):
         assert names.to_ir(hf) == ir and names.to_hf(ir) == hf
+
+
+def test_a_family_naming_a_block_ingot_lacks_fails_the_preflight() -> None:
+    llama = MODEL_FAMILIES.get("llama")
+    assert family_problems(llama, "source") == []
+    gemma_like = replace(llama, name="gemmaish", activation="gelu_pytorch_tanh", norm="rms1p")
+    assert family_problems(gemma_like, "source") == [
+        "source: model family 'gemmaish' needs the norm 'rms1p', which ingot does not "
+        "implement (implemented: rms)",
+        "source: model family 'gemmaish' needs the activation 'gelu_pytorch_tanh', which ingot "
+        "does not implement (implemented: silu)",
+    ]
