@@ -17,6 +17,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ingot.pipeline.build import build
+from ingot.pipeline.cache import StageCache
+from ingot.pipeline.model.config import ConfigError, ModelConfig
+from ingot.pipeline.model.family import MODEL_FAMILIES
+from ingot.pipeline.model.load import load_model
+from ingot.pipeline.preflight import check_recipe_against_model
+from ingot.pipeline.quantize.apply import quantize_model
+from ingot.pipeline.recipe import RecipeError, load_recipe
+from ingot.runtime import LoadedModel, SamplingParams
 
 from fixtures import make_checkpoint, write_recipe
 
@@ -70,8 +82,6 @@ def test_a_plugged_in_family_builds_and_runs(tmp_path):
 
 
 def test_without_its_entry_point_the_family_is_unsupported(tmp_path):
-    from ingot.pipeline.model.config import ConfigError, ModelConfig
-
     toy, _ = make_toy_checkpoint(tmp_path)
     with pytest.raises(ConfigError, match="model_type 'toyllama' is not supported"):
         ModelConfig.from_dir(toy)
@@ -79,13 +89,6 @@ def test_without_its_entry_point_the_family_is_unsupported(tmp_path):
 
 def child_checks(toy: Path, reference: Path, work: Path) -> None:
     """Run in the child interpreter, where the toy family is registered."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from ingot.pipeline.model.config import ModelConfig
-    from ingot.pipeline.model.family import MODEL_FAMILIES
-    from ingot.pipeline.model.load import load_model
-
     assert MODEL_FAMILIES.names()[-1] == "toyllama"
     cfg = ModelConfig.from_dir(toy)
     assert cfg.family.hf_class == "ToyLlamaForCausalLM"
@@ -105,13 +108,6 @@ def child_checks(toy: Path, reference: Path, work: Path) -> None:
 def _build_and_generate(toy: Path, work: Path) -> None:
     """The build (quantize, export + its check, engine) and the runtime's greedy tokens
     against the quantized IR's, on prompts longer than the window."""
-    from ingot.pipeline.build import build
-    from ingot.pipeline.cache import StageCache
-    from ingot.pipeline.model.load import load_model
-    from ingot.pipeline.quantize.apply import quantize_model
-    from ingot.pipeline.recipe import load_recipe
-    from ingot.runtime import LoadedModel, SamplingParams
-
     recipe = write_recipe(work / "r.yaml", toy, targets=EXACT)
     artifact = build(recipe, work / "art", cache=StageCache(work / "cache")).artifact
     generator = LoadedModel.load(artifact).generator()
@@ -125,10 +121,6 @@ def _build_and_generate(toy: Path, work: Path) -> None:
 
 
 def _gguf_refused(toy: Path, work: Path) -> None:
-    from ingot.pipeline.model.config import ModelConfig
-    from ingot.pipeline.preflight import check_recipe_against_model
-    from ingot.pipeline.recipe import RecipeError, load_recipe
-
     recipe = load_recipe(write_recipe(work / "gguf.yaml", toy, interop=["gguf"]))
     try:
         check_recipe_against_model(recipe, ModelConfig.from_dir(toy))
