@@ -1,5 +1,5 @@
-"""Everything a recipe is checked against before any build work: the source model's config,
-and a draft model's checkpoint against the target's.
+"""Everything a recipe is checked against before any build work: the source model's config
+(and its model family's blocks), and a draft model's checkpoint against the target's.
 
 The recipe's own schema (pydantic) is checked when it loads; what needs the model's widths and
 module names is checked here, section by section, and reported together, one line a problem.
@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .export import decoder
 from .interop.checks import interop_problems
+from .model import layers
 from .model.config import ModelConfig
+from .model.family import ModelFamily
 from .recipe import Recipe, RecipeError
 from .recipe.checks import model_problems, quantize_problems
 from .vocabulary import vocabulary_differences
 
-__all__ = ["check_draft_against_target", "check_recipe_against_model"]
+__all__ = ["check_draft_against_target", "check_recipe_against_model", "family_problems"]
 
 _DRAFT = "speculative.draft"
 
@@ -27,8 +30,25 @@ def check_recipe_against_model(
 
     `recipe_file`, when given, prefixes each problem like load_recipe's messages.
     """
-    problems = model_problems(recipe, cfg) + interop_problems(recipe, cfg)
+    problems = family_problems(cfg.family, "source")
+    problems += model_problems(recipe, cfg) + interop_problems(recipe, cfg)
     _raise(problems, recipe_file)
+
+
+def family_problems(family: ModelFamily, where: str) -> list[str]:
+    """The blocks `family` names (its norm, its activation) that the IR (model/layers.py) or
+    the ONNX decoder (export/decoder.py) does not implement: a plug-in family built on blocks
+    ingot lacks fails here, naming them, rather than in the middle of a stage."""
+    named = (
+        ("norm", family.norm, layers.NORMS, decoder.NORMS),
+        ("activation", family.activation, layers.ACTIVATIONS, decoder.ACTIVATIONS),
+    )
+    return [
+        f"{where}: model family {family.name!r} needs the {kind} {value!r}, which ingot does "
+        f"not implement (implemented: {', '.join(sorted(set(torch_blocks) & set(onnx_blocks)))})"
+        for kind, value, torch_blocks, onnx_blocks in named
+        if value not in torch_blocks or value not in onnx_blocks
+    ]
 
 
 def check_draft_against_target(
@@ -45,7 +65,7 @@ def check_draft_against_target(
     own logits (same tokenizer, same vocab_size), the draft runs at every position the target
     does (max_seq_len), and the draft's quantize entries must fit the draft."""
     source = f"{_DRAFT}.source"
-    problems = []
+    problems = family_problems(draft.family, source)
     if draft.vocab_size != target.vocab_size:
         problems.append(
             f"{source}: vocab_size {draft.vocab_size} in the draft's config.json differs from "

@@ -37,11 +37,16 @@ sliding window, so the graph needs no notion of them and ``Attention`` never use
 Attention runs on 3-D [S, T, H*D] tensors (``q_num_heads`` / ``kv_num_heads``), so no layer
 transposes its queries, keys, values or output; a decode step computes lm_head for one row
 per sequence, not for every position of the call.
+
+The layer is the IR's (`model/layers.py`): its linears (and their biases) are the modules'
+own; the norm and the MLP's activation are the model family's, emitted from `NORMS` and
+`ACTIVATIONS`, this graph's counterparts of the IR's tables of the same names.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -63,11 +68,14 @@ from .weights import emit_linear, emit_linears
 __all__ = [
     "DATA_FILE",
     "MODEL_FILE",
+    "ACTIVATIONS",
+    "NORMS",
     "OPSET",
     "SharedTensors",
     "attention",
     "export_onnx",
     "mlp",
+    "norm",
     "rms_norm",
     "shared_tensors",
 ]
@@ -233,15 +241,15 @@ def _build(
     for i in range(cfg.num_layers):
         entering[i] = x
         layer = src.layer(i)
-        x = _layer(g, layer, i, x, positions, pools[i], tables, mask, consts, kv_type)
+        x = _layer(g, cfg, layer, i, x, positions, pools[i], tables, mask, consts, kv_type)
         del layer
 
     # Only the rows the runtime samples from go through the final norm and lm_head.
     flat = g.op("Reshape", [x, g.ints("shape.rows", [-1, h])], "hidden/Reshape")  # [S*Q, h]
     picked = g.op("Gather", [flat, rows], "hidden/Gather", axis=0)  # [N, hidden]
-    norm = src.final_norm()
-    hidden = rms_norm(g, picked, norm, "norm", out="hidden")  # [N, hidden]
-    del norm
+    final = src.final_norm()
+    hidden = norm(g, cfg, picked, final, "norm", out="hidden")  # [N, hidden]
+    del final
     if src.lm_head_tied:
         # Tied: reuse the embedding [V, hidden] through Gemm(transB) instead of storing W^T.
         g.op("Gemm", [hidden, embed], "lm_head/Gemm", out="logits", transB=1)  # [N, V]
@@ -301,13 +309,13 @@ def _fp8_values(g: GraphBuilder) -> str:
     return g.array("kv.fp8_values", table)
 
 
-def _layer(g, layer, i, x, positions, pool, tables, mask, c: SharedTensors, kv_type) -> str:
+def _layer(g, cfg, layer, i, x, positions, pool, tables, mask, c: SharedTensors, kv_type) -> str:
     """One decoder layer; x: [S, Q, hidden] -> [S, Q, hidden]."""
     name = f"layers.{i}"
-    h = rms_norm(g, x, layer.attn_norm, f"{name}.attn_norm")  # [S, Q, hidden]
+    h = norm(g, cfg, x, layer.attn_norm, f"{name}.attn_norm")  # [S, Q, hidden]
     attn = attention(g, layer.attn, i, h, positions, pool, tables, mask, c, kv_type)
     x = g.op("Add", [x, attn], f"{name}/attn_residual")
-    h = rms_norm(g, x, layer.mlp_norm, f"{name}.mlp_norm")
+    h = norm(g, cfg, x, layer.mlp_norm, f"{name}.mlp_norm")
     return g.op("Add", [x, mlp(g, layer.mlp, f"{name}.mlp", h)], f"{name}/mlp_residual")
 
 
@@ -378,7 +386,8 @@ def _keys_or_values(
 
 
 def mlp(g: GraphBuilder, module: torch.nn.Module, m: str, h: str) -> str:
-    """SwiGLU: h [S, Q, hidden] (normed) -> [S, Q, hidden]; gate|up are one linear."""
+    """The gated MLP (`layers.MLP`, its activation by name): h [S, Q, hidden] (normed) ->
+    [S, Q, hidden]; gate|up are one linear."""
     gate, up = emit_linears(
         g,
         h,
@@ -386,9 +395,13 @@ def mlp(g: GraphBuilder, module: torch.nn.Module, m: str, h: str) -> str:
         [f"{m}.gate_proj", f"{m}.up_proj"],
         f"{m}.gate_up_proj",
     )  # [S, Q, ffn] each
-    silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{m}/Sigmoid")], f"{m}/silu")
-    act = g.op("Mul", [silu, up], f"{m}/gated")
+    act = g.op("Mul", [ACTIVATIONS[module.activation](g, gate, m), up], f"{m}/gated")
     return emit_linear(g, act, module.down_proj, f"{m}.down_proj")
+
+
+def _silu(g: GraphBuilder, x: str, m: str) -> str:
+    """x * sigmoid(x), elementwise."""
+    return g.op("Mul", [x, g.op("Sigmoid", [x], f"{m}/Sigmoid")], f"{m}/silu")
 
 
 def _quantized_kv(
@@ -438,11 +451,30 @@ def _quantized_kv(
     return g.op("Concat", [past, new], f"{a}/{kind}_concat", axis=1)  # [S, KV, Hkv*D]
 
 
-def rms_norm(g: GraphBuilder, x: str, norm: torch.nn.Module, name: str, out: str | None = None):
-    scale = g.array(f"{name}.weight", norm.weight.detach().float().numpy())
+def rms_norm(g: GraphBuilder, x: str, module: torch.nn.Module, name: str, out: str | None = None):
+    """`layers.RMSNorm` over the last axis of x."""
+    scale = g.array(f"{name}.weight", module.weight.detach().float().numpy())
     return g.op(
-        "RMSNormalization", [x, scale], f"{name}/RMSNorm", out=out, axis=-1, epsilon=norm.eps
+        "RMSNormalization", [x, scale], f"{name}/RMSNorm", out=out, axis=-1, epsilon=module.eps
     )
+
+
+# The blocks a family names (`ModelFamily.norm`, `.activation`), as ONNX nodes: the IR's
+# `layers.NORMS` and `layers.ACTIVATIONS`, emitted.
+NORMS: dict[str, Callable[..., str]] = {"rms": rms_norm}
+ACTIVATIONS: dict[str, Callable[[GraphBuilder, str, str], str]] = {"silu": _silu}
+
+
+def norm(
+    g: GraphBuilder,
+    cfg: ModelConfig,
+    x: str,
+    module: torch.nn.Module,
+    name: str,
+    out: str | None = None,
+) -> str:
+    """The family's norm `module` (IR name `name`) over the last axis of x."""
+    return NORMS[cfg.family.norm](g, x, module, name, out)
 
 
 def _describe(value_info: Any) -> dict[str, Any]:

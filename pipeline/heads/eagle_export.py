@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from onnx import TensorProto, helper
 
-from ..export.decoder import IR_VERSION, OPSET, attention, mlp, rms_norm, shared_tensors
+from ..export.decoder import IR_VERSION, OPSET, attention, mlp, norm, shared_tensors
 from ..export.graph import GraphBuilder
 from ..export.weights import emit_linear
 from ..model.eagle3 import Eagle3Draft
@@ -99,18 +99,18 @@ def _layer_graph(g: GraphBuilder, draft: Eagle3Draft, max_seq_len: int, bs: int)
 
     embed = g.array("embed_tokens.weight", draft.embed_tokens.weight.detach().float().numpy())
     e = g.op("Gather", [embed, ids], "embed_tokens/Gather", axis=0)  # [S, Q, H]
-    e = rms_norm(g, e, layer.input_layernorm, "layers.0.input_layernorm")
-    normed = rms_norm(g, hidden, layer.hidden_norm, "layers.0.hidden_norm")  # [S, Q, H]
+    e = norm(g, lcfg, e, layer.input_layernorm, "layers.0.input_layernorm")
+    normed = norm(g, lcfg, hidden, layer.hidden_norm, "layers.0.hidden_norm")  # [S, Q, H]
     residual = normed if cfg.norm_before_residual else hidden
     x = g.op("Concat", [e, normed], "layers.0/concat", axis=-1)  # [S, Q, 2H]
     a = attention(g, layer.self_attn, 0, x, positions, pool, tables, mask, consts, _POOL)
     residual = g.op("Add", [residual, a], "layers.0/attn_residual")  # [S, Q, H]
-    m = rms_norm(g, residual, layer.post_attention_layernorm, "layers.0.post_attention_layernorm")
+    m = norm(g, lcfg, residual, layer.post_attention_layernorm, "layers.0.post_attention_layernorm")
     prenorm = g.op("Add", [mlp(g, layer.mlp, "layers.0.mlp", m), residual], "layers.0/prenorm")
 
     flat = g.op("Reshape", [prenorm, g.ints("shape.rows", [-1, h])], "prenorm/Reshape")
     g.op("Gather", [flat, rows], "prenorm/Gather", out="draft_hidden", axis=0)  # [N, H]
-    normed_rows = rms_norm(g, "draft_hidden", draft.norm, "norm")  # [N, H]
+    normed_rows = norm(g, lcfg, "draft_hidden", draft.norm, "norm")  # [N, H]
     logits = emit_linear(g, normed_rows, draft.lm_head, "lm_head")  # [N, Vd]
     best = g.op("ArgMax", [logits], "lm_head/ArgMax", axis=-1, keepdims=0)  # [N] draft ids
     if bool(draft.d2t.any()):  # a draft vocabulary: id i is target id i + d2t[i]

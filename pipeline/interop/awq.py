@@ -26,7 +26,6 @@ from .common import (
     dense_tensors,
     float_linears,
     has_act_order,
-    hf_name,
     pack_along_rows,
     split_model,
     unsigned_codes,
@@ -45,10 +44,11 @@ def write_awq(model: LlamaModel, source: Path, out: Path) -> None:
     group_size = common_group_size(modules, "awq")
     if group_size == -1:
         raise InteropError("interop awq: needs groups (32, 64 or 128), not per-channel scales")
-    tensors = dense_tensors(dense)
+    tensor_names = model.cfg.family.tensor_names  # IR -> the checkpoint's (HF) names
+    tensors = dense_tensors(dense, tensor_names)
     for name, q in modules.items():
-        tensors.update(_pack_linear(hf_name(name), q))
-    floats = float_linears(dense)
+        tensors.update(_pack_linear(tensor_names.to_hf(name), q))
+    floats = float_linears(dense, tensor_names)
     config = {
         "quant_method": "awq",
         "version": "gemm",

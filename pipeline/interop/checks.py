@@ -70,6 +70,11 @@ def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
 def gguf_model_problems(cfg: ModelConfig) -> list[str]:
     """What llama.cpp cannot run as this model computes it (the GGUF writer refuses the same)."""
     problems = []
+    if cfg.family.gguf is None:
+        problems.append(
+            f"gguf: llama.cpp has no architecture for model_type {cfg.architecture!r} "
+            "(its model family names none)"
+        )
     if cfg.rope.type not in ("default", "linear", "llama3"):
         problems.append(
             f"gguf: llama.cpp has no {cfg.rope.type!r} RoPE scaling (config.json rope_type "

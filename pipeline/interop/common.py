@@ -1,5 +1,6 @@
-"""What the interop writers share: HF tensor names, the IR's quantized linears, the files
-around the weights (config.json, tokenizer) and the packing of small integers into int32."""
+"""What the interop writers share: the IR's quantized linears and float tensors (under the
+family's HF tensor names), the files around the weights (config.json, tokenizer) and the
+packing of small integers into int32."""
 
 from __future__ import annotations
 
@@ -12,14 +13,13 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from ..model.family import TensorNames
 from ..model.llama import LlamaModel
-from ..model.names import hf_name
 from ..model.qlinear import QuantizedLinear
 from .errors import InteropError
 
 __all__ = [
     "InteropError",
-    "hf_name",
     "split_model",
     "float_linears",
     "group_index",
@@ -74,11 +74,11 @@ def split_model(
     return quantized, dense
 
 
-def float_linears(dense: dict[str, torch.Tensor]) -> list[str]:
-    """HF names of the linears `split_model` left float (projections, lm_head), sorted: what
-    a format's config lists as not converted."""
+def float_linears(dense: dict[str, torch.Tensor], names: TensorNames) -> list[str]:
+    """HF names (the family's `names`) of the linears `split_model` left float (projections,
+    lm_head), sorted: what a format's config lists as not converted."""
     return sorted(
-        hf_name(name.rpartition(".")[0])
+        names.to_hf(name.rpartition(".")[0])
         for name in dense
         if name.endswith("_proj.weight") or name == "lm_head.weight"
     )
@@ -175,6 +175,7 @@ def write_checkpoint(
             shutil.copyfile(source / name, out / name)
 
 
-def dense_tensors(dense: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The float tensors under their HF names, in the checkpoints' float dtype."""
-    return {hf_name(name): t.to(DENSE_DTYPE) for name, t in dense.items()}
+def dense_tensors(dense: dict[str, torch.Tensor], names: TensorNames) -> dict[str, torch.Tensor]:
+    """The float tensors under their HF names (the family's `names`), in the checkpoints'
+    float dtype."""
+    return {names.to_hf(name): t.to(DENSE_DTYPE) for name, t in dense.items()}

@@ -47,7 +47,6 @@ from .common import (
     dense_tensors,
     float_linears,
     has_act_order,
-    hf_name,
     split_model,
     write_checkpoint,
 )
@@ -90,17 +89,18 @@ def write_compressed_tensors(
             )
         by_scheme.setdefault(_key(name, q, grouped), []).append(name)
 
-    tensors = dense_tensors(dense)
+    tensor_names = model.cfg.family.tensor_names  # IR -> the checkpoint's (HF) names
+    tensors = dense_tensors(dense, tensor_names)
     groups = {}
     for index, (key, names) in enumerate(sorted(by_scheme.items())):
         # One scheme covers every Linear; several name their modules explicitly.
-        targets = ["Linear"] if len(by_scheme) == 1 else [hf_name(n) for n in names]
+        targets = ["Linear"] if len(by_scheme) == 1 else [tensor_names.to_hf(n) for n in names]
         scheme = _scheme(key, targets)
         groups[f"group_{index}"] = scheme
         for name in names:
-            tensors.update(_compress(hf_name(name), modules[name], scheme))
+            tensors.update(_compress(tensor_names.to_hf(name), modules[name], scheme))
     formats = {scheme.format for scheme in groups.values()}
-    floats = float_linears(dense)
+    floats = float_linears(dense, tensor_names)
     if "lm_head" not in modules and "lm_head" not in floats:
         floats.append("lm_head")  # tied to the embedding: still a Linear the targets match
     config = QuantizationConfig(

@@ -17,9 +17,10 @@ sizes, asymmetric int8, act-order groups, float linears, the embedding) is F16; 
 and llama3's rope_freqs are F32. A tied float lm_head is not written (llama.cpp reuses
 token_embd); a quantized one is `output`.
 
-Llama-architecture q_proj / k_proj rows (codes, scales, zero points, bias) are permuted as
-llama.cpp's convert_hf_to_gguf does (its RoPE rotates interleaved pairs, HF's rotates halves);
-Qwen2 runs NEOX RoPE in llama.cpp and keeps HF's order. The tokenizer is written from the
+The model family says which llama.cpp architecture runs it (`ModelFamily.gguf`) and whether
+the rows RoPE rotates (q_proj / k_proj: codes, scales, zero points, bias) are permuted as
+llama.cpp's convert_hf_to_gguf does: ``llama`` rotates interleaved pairs where HF rotates
+halves; ``qwen2`` runs NEOX RoPE and keeps HF's order. The tokenizer is written from the
 checkpoint's tokenizer.json: byte-level BPE (llama.cpp's "gpt2" model) with the pre-tokenizer
 recognised from its definition (GPT-2's regex, Llama 3's or Qwen2's split); other tokenizers
 (SentencePiece-style byte-fallback BPE, Unigram, WordPiece) are refused naming the file.
@@ -40,10 +41,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..model.architecture import LAYER_LINEARS, layer_linear
+from ..model.architecture import layer_linear, linear_shape
 from ..model.config import ModelConfig, RopeConfig
 from ..model.llama import LlamaModel
-from ..model.names import hf_name
 from ..model.qlinear import QuantizedLinear
 from ..model.rope import inv_frequencies
 from .checks import gguf_model_problems
@@ -54,9 +54,6 @@ __all__ = ["GGUF_FILE", "write_gguf", "permute_rows", "encode_blocks"]
 
 GGUF_FILE = "model.gguf"
 BLOCK = 32  # values per block of Q4_0 / Q4_1 / Q8_0
-
-# RoPE rotates these linears' outputs: (linear, the config field that counts its heads).
-_ROTATED = {"attn.q_proj": "num_heads", "attn.k_proj": "num_kv_heads"}
 
 # Byte-level BPE pre-tokenizers llama.cpp implements: the regex of a Split before a ByteLevel
 # (use_regex off) -> llama.cpp's `tokenizer.ggml.pre`. A lone ByteLevel with use_regex on is
@@ -79,8 +76,9 @@ def write_gguf(model: LlamaModel, source: Path, out: Path) -> None:
     if problems:
         raise InteropError(f"interop {problems[0]}")
     vocab = _vocab(source, cfg)  # a tokenizer llama.cpp cannot run fails before any weights
-    arch = gguf.MODEL_ARCH.QWEN2 if cfg.architecture == "qwen2" else gguf.MODEL_ARCH.LLAMA
-    tensors = list(_tensors(model, permute=arch == gguf.MODEL_ARCH.LLAMA))
+    family = cfg.family
+    arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == family.gguf.arch)
+    tensors = list(_tensors(model, permute=family.gguf.permute_rotated))
     names = gguf.get_tensor_name_map(arch, cfg.num_layers)
 
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +87,8 @@ def write_gguf(model: LlamaModel, source: Path, out: Path) -> None:
     _tokenizer(writer, vocab, source, cfg)
     counts: Counter[str] = Counter()
     for ir, data, qtype in tensors:
-        name = names.get_name(hf_name(ir), try_suffixes=(".weight", ".bias"))
+        hf = family.tensor_names.to_hf(ir)
+        name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise InteropError(f"interop gguf: no GGUF tensor name for {ir}")
         writer.add_tensor(name, data, raw_dtype=getattr(gguf.GGMLQuantizationType, qtype))
@@ -111,30 +110,34 @@ def write_gguf(model: LlamaModel, source: Path, out: Path) -> None:
 
 
 def _tensors(model: LlamaModel, permute: bool):
-    """(IR tensor name, array, GGML type name) of every tensor, in model order."""
+    """(IR tensor name, array, GGML type name) of every tensor: the embedding, each layer's
+    first norm, its linears and its other norms, the final norm, lm_head. `permute`: the rows
+    RoPE rotates go to llama.cpp's interleaved order."""
     cfg = model.cfg
+    layer = cfg.family.layer
+    rotated = layer.rotated if permute else ()
     yield "embed_tokens.weight", _f16(model.embed_tokens.weight), "F16"
     for i in range(cfg.num_layers):
-        yield _norm(model, f"layers.{i}.attn_norm")
-        for linear in LAYER_LINEARS:
+        yield _norm(model, f"layers.{i}.{layer.norms[0]}")
+        for linear in layer.linears:
             name = f"layers.{i}.{linear.name}"
-            field = _ROTATED.get(linear.name) if permute else None
-            heads = None if field is None else getattr(cfg, field)
-            yield from _linear(name, model.get_submodule(name), heads)
-        yield _norm(model, f"layers.{i}.mlp_norm")
+            heads = linear_shape(cfg, name)[1] // cfg.head_dim if linear.name in rotated else None
+            yield from _linear(name, model.get_submodule(name), heads, cfg)
+        for norm in layer.norms[1:]:
+            yield _norm(model, f"layers.{i}.{norm}")
     yield _norm(model, "norm")
     if not model.lm_head_tied:  # tied: llama.cpp computes the logits with token_embd
-        yield from _linear("lm_head", model.lm_head, None)
+        yield from _linear("lm_head", model.lm_head, None, cfg)
 
 
 def _norm(model: LlamaModel, name: str) -> tuple[str, np.ndarray, str]:
     return f"{name}.weight", _f32(model.get_submodule(name).weight), "F32"
 
 
-def _linear(name: str, module: torch.nn.Module, heads: int | None):
+def _linear(name: str, module: torch.nn.Module, heads: int | None, cfg: ModelConfig):
     """A linear's weight (blocks when they hold its codes, else F16) and bias (F32); `heads`:
     permute its rows for llama.cpp's RoPE."""
-    layer_linear(name)  # a name the architecture table knows
+    layer_linear(name, cfg)  # a name the family's table knows
     rows = (lambda t: t) if heads is None else (lambda t: permute_rows(t, heads))
     if isinstance(module, QuantizedLinear):
         encoded = encode_blocks(module, rows)

@@ -31,7 +31,6 @@ from .common import (
     dense_tensors,
     group_index,
     has_act_order,
-    hf_name,
     pack_along_rows,
     split_model,
     unsigned_codes,
@@ -51,9 +50,10 @@ def write_gptq(model: LlamaModel, source: Path, out: Path) -> None:
         )
     bits, symmetric = _one_setting(modules)
     group_size = common_group_size(modules, "gptq")
-    tensors = dense_tensors(dense)
+    tensor_names = model.cfg.family.tensor_names  # IR -> the checkpoint's (HF) names
+    tensors = dense_tensors(dense, tensor_names)
     for name, q in modules.items():
-        tensors.update(_pack_linear(hf_name(name), q))
+        tensors.update(_pack_linear(tensor_names.to_hf(name), q))
     config = {
         "quant_method": "gptq",
         "checkpoint_format": "gptq",

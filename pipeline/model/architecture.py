@@ -1,19 +1,23 @@
-"""The Llama family's architecture as data: the one table of what a decoder layer holds.
+"""Questions about a model's decoder layer, answered from its family's `LayerSpec`.
 
-`layers.py` is the PyTorch definition that runs; this table says the same thing for the code
-that reasons about modules without building them: the recipe checks (names, input widths),
-the quantizers (groups in compute order, what scales fold into), interop (shapes, tying) and
-`ingot plan` (parameter counts). tests/pipeline/test_architecture.py checks the table against
-the IR for every supported variant (GQA, Qwen2's qkv bias, Llama's attention_bias, explicit
-head_dim, tied embeddings). Torch-free: the recipe checks import it.
+`layers.py` is the PyTorch definition that runs (its linears take their shapes and biases from
+the family's table); these functions answer for the code that reasons about modules without
+building them: the recipe checks (names, input widths), the quantizers (groups in compute
+order, what scales fold into), interop (shapes, tying) and `ingot plan` (parameter counts).
+tests/pipeline/test_architecture.py checks the table against the IR for every registered
+family and variant (GQA, Qwen2's qkv bias, Llama's attention_bias, explicit head_dim, tied
+embeddings). Torch-free: the recipe checks import it.
+
+The constants (LAYER_LINEARS, LAYER_GROUPS, NORM_GROUPS, QKV, O, GATE_UP, DOWN) are the layer
+Llama, Mistral and Qwen2 share (`families/llama.py`); code that must serve a family with
+another layer reads ``cfg.family.layer`` instead.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 from .config import ModelConfig
+from .families.llama import DOWN, GATE_UP, LAYER, QKV, O
+from .family import LM_HEAD, Dim, LayerLinear, LayerSpec
 
 __all__ = [
     "DOWN",
@@ -27,6 +31,7 @@ __all__ = [
     "LayerLinear",
     "dim_label",
     "dim_size",
+    "has_bias",
     "layer_linear",
     "linear_names",
     "linear_shape",
@@ -34,41 +39,11 @@ __all__ = [
     "scaling_groups",
 ]
 
-# The widths a linear reads or writes, by what config.json derives them from.
-Dim = Literal["hidden", "intermediate", "q", "kv", "vocab"]
-
-
-@dataclass(frozen=True, slots=True)
-class LayerLinear:
-    """One linear of a decoder layer. `bias` names the ModelConfig flag that gives it one."""
-
-    name: str  # inside the layer: "attn.q_proj"; the IR's full name is layers.{i}.<name>
-    in_dim: Dim
-    out_dim: Dim
-    bias: Literal["qkv_bias", "o_bias"] | None = None
-
-
-LAYER_LINEARS = (
-    LayerLinear("attn.q_proj", "hidden", "q", "qkv_bias"),
-    LayerLinear("attn.k_proj", "hidden", "kv", "qkv_bias"),
-    LayerLinear("attn.v_proj", "hidden", "kv", "qkv_bias"),
-    LayerLinear("attn.o_proj", "q", "hidden", "o_bias"),
-    LayerLinear("mlp.gate_proj", "hidden", "intermediate"),
-    LayerLinear("mlp.up_proj", "hidden", "intermediate"),
-    LayerLinear("mlp.down_proj", "intermediate", "hidden"),
-)
-LM_HEAD = LayerLinear("lm_head", "hidden", "vocab")
-
-# The layer's linears in the order their inputs are computed; the linears of a group share
-# one input. Each group's input depends only on the groups before it (true-sequential order).
-QKV = ("attn.q_proj", "attn.k_proj", "attn.v_proj")
-O = ("attn.o_proj",)  # noqa: E741 - the projection's own name
-GATE_UP = ("mlp.gate_proj", "mlp.up_proj")
-DOWN = ("mlp.down_proj",)
-LAYER_GROUPS = (QKV, O, GATE_UP, DOWN)
+LAYER_LINEARS = LAYER.linears
+LAYER_GROUPS = LAYER.groups
 # (norm, group): the groups whose shared input is an RMSNorm's output, where a per-input-channel
 # scale folds into the norm's weight (SmoothQuant smooths these only).
-NORM_GROUPS = (("attn_norm", QKV), ("mlp_norm", GATE_UP))
+NORM_GROUPS = LAYER.norm_groups
 
 _LABELS: dict[Dim, str] = {
     "hidden": "hidden_size",
@@ -79,13 +54,22 @@ _LABELS: dict[Dim, str] = {
 }
 
 
-def layer_linear(name: str) -> LayerLinear:
-    """The table's entry for a linear by its IR name (`layers.3.mlp.up_proj`, `lm_head`)."""
+def _layer(cfg: ModelConfig | None) -> LayerSpec:
+    return LAYER if cfg is None else cfg.family.layer
+
+
+def layer_linear(name: str, cfg: ModelConfig | None = None) -> LayerLinear:
+    """The table's entry for a linear by its IR name (`layers.3.mlp.up_proj`, `lm_head`), in
+    `cfg`'s family (None: the Llama layer)."""
+    if name == LM_HEAD.name:
+        return LM_HEAD
     local = name.split(".", 2)[2] if name.startswith("layers.") else name
-    for linear in (*LAYER_LINEARS, LM_HEAD):
-        if linear.name == local:
-            return linear
-    raise KeyError(f"{name!r} is not a linear of the Llama family")
+    layer = _layer(cfg)
+    try:
+        return layer.linear(local)
+    except KeyError:
+        family = "the Llama family" if cfg is None else f"the {cfg.architecture} family"
+        raise KeyError(f"{name!r} is not a linear of {family}") from None
 
 
 def dim_size(cfg: ModelConfig, dim: Dim) -> int:
@@ -109,8 +93,13 @@ def dim_label(cfg: ModelConfig, dim: Dim) -> str:
 
 def linear_shape(cfg: ModelConfig, name: str) -> tuple[int, int]:
     """(input width K, output width N) of a linear by its IR name; its weight is [N, K]."""
-    linear = layer_linear(name)
+    linear = layer_linear(name, cfg)
     return dim_size(cfg, linear.in_dim), dim_size(cfg, linear.out_dim)
+
+
+def has_bias(cfg: ModelConfig, linear: LayerLinear) -> bool:
+    """Whether the linear has a bias in this model (its flag, set from config.json)."""
+    return linear.bias is not None and getattr(cfg, linear.bias)
 
 
 def linear_names(cfg: ModelConfig) -> list[str]:
@@ -120,7 +109,8 @@ def linear_names(cfg: ModelConfig) -> list[str]:
     listed even with tied embeddings: it is then the embedding matrix used as a linear, and a
     recipe may still choose to quantize or ignore it.
     """
-    per_layer = [f"layers.{i}.{m.name}" for i in range(cfg.num_layers) for m in LAYER_LINEARS]
+    linears = cfg.family.layer.linears
+    per_layer = [f"layers.{i}.{m.name}" for i in range(cfg.num_layers) for m in linears]
     return [*per_layer, LM_HEAD.name]
 
 
@@ -131,15 +121,7 @@ def lm_head_source(cfg: ModelConfig) -> str:
 
 def scaling_groups(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...]]]:
     """(module whose output is a group's input, the group): where a per-input-channel scale
-    of the group (AWQ, SmoothQuant) can be folded without changing the float model.
-
-    The norms scale their outputs directly; v_proj's output reaches o_proj through the
-    attention's weighted sum, one head to one head, so only without GQA (a shared kv head
-    would need one scale for several query heads); up_proj's output reaches down_proj through
-    the elementwise product with silu(gate)."""
-    attn, mlp = NORM_GROUPS
-    groups = [attn]
-    if cfg.num_heads == cfg.num_kv_heads:
-        groups.append(("attn.v_proj", O))
-    groups += [mlp, ("mlp.up_proj", DOWN)]
-    return groups
+    of the group (AWQ, SmoothQuant) can be folded without changing the float model, in
+    compute order (`ScaleFold`: a fold through whole heads only without GQA)."""
+    mha = cfg.num_heads == cfg.num_kv_heads
+    return [(f.source, f.group) for f in cfg.family.layer.folds if mha or not f.whole_heads]

@@ -1,4 +1,5 @@
-"""The model configuration the IR needs, parsed from a Hugging Face ``config.json``."""
+"""The model configuration the IR needs, parsed from a Hugging Face ``config.json`` by the
+rules of its model family (`family.py`, found by config.json's ``model_type``)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ModelConfig", "RopeConfig", "ConfigError", "SUPPORTED_ARCHITECTURES"]
+from .family import MODEL_FAMILIES, ModelFamily
 
-# model_type -> what differs from plain Llama. Everything else is shared.
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+__all__ = ["ModelConfig", "RopeConfig", "ConfigError"]
 
 
 class ConfigError(ValueError):
@@ -39,7 +39,7 @@ class RopeConfig:
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    architecture: str
+    architecture: str  # config.json model_type: the name of its `family`
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -57,26 +57,33 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
+    @property
+    def family(self) -> ModelFamily:
+        """The model family this config belongs to (what its layer holds and how it runs)."""
+        return MODEL_FAMILIES.get(self.architecture)
+
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
         arch = hf.get("model_type")
-        if arch not in SUPPORTED_ARCHITECTURES:
+        if arch not in MODEL_FAMILIES:
             raise ConfigError(
                 f"config.json: model_type {arch!r} is not supported "
-                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+                f"(supported: {', '.join(MODEL_FAMILIES.names())})"
             )
+        family = MODEL_FAMILIES.get(arch)
         missing = [k for k in _REQUIRED_SIZES if not isinstance(hf.get(k), int)]
         if missing:
             raise ConfigError(f"config.json lacks integer {', '.join(missing)}")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ConfigError(f"config.json: hidden_act {hf['hidden_act']!r} (expected 'silu')")
+        activation = hf.get(family.activation_key, family.activation)
+        if activation != family.activation:
+            raise ConfigError(
+                f"config.json: {family.activation_key} {activation!r} "
+                f"(expected {family.activation!r})"
+            )
         heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        # Qwen2 always has q/k/v biases (o_proj none); Llama's attention_bias covers all four.
-        llama_bias = arch != "qwen2" and bool(hf.get("attention_bias", False))
-        window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
         return cls(
             architecture=arch,
             vocab_size=hf["vocab_size"],
@@ -88,11 +95,11 @@ class ModelConfig:
             head_dim=head_dim,
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope=_rope_from_hf(hf),
-            qkv_bias=arch == "qwen2" or llama_bias,
-            o_bias=llama_bias,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            sliding_window=window,
+            rope=_rope_from_hf(hf, family.rope_scalings),
+            qkv_bias=_switch(family.biases.qkv, hf),
+            o_bias=_switch(family.biases.o, hf),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", family.tie_default)),
+            sliding_window=_window(family, hf),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
@@ -116,16 +123,27 @@ class ModelConfig:
         return cls(**d)
 
 
-def _rope_from_hf(hf: dict[str, Any]) -> RopeConfig:
+def _switch(rule: bool | str, hf: dict[str, Any]) -> bool:
+    """A family's feature that is always on or off (bool), or set by a config.json key."""
+    return rule if isinstance(rule, bool) else bool(hf.get(rule, False))
+
+
+def _window(family: ModelFamily, hf: dict[str, Any]) -> int | None:
+    rule = family.window
+    if rule.key is None or (rule.switch is not None and not hf.get(rule.switch, True)):
+        return None
+    return hf.get(rule.key)
+
+
+def _rope_from_hf(hf: dict[str, Any], supported: tuple[str, ...]) -> RopeConfig:
     # transformers >= 5 writes rope_parameters; older configs split rope_theta / rope_scaling.
     params = dict(hf.get("rope_parameters") or {})
     scaling = hf.get("rope_scaling") or {}
     params = {**scaling, **params}
     kind = params.get("rope_type") or params.get("type") or "default"
-    if kind not in ("default", "linear", "dynamic", "llama3"):
+    if kind not in supported:
         raise ConfigError(
-            f"config.json: rope type {kind!r} is not supported "
-            "(supported: default, linear, dynamic, llama3)"
+            f"config.json: rope type {kind!r} is not supported (supported: {', '.join(supported)})"
         )
     return RopeConfig(
         theta=float(params.get("rope_theta", hf.get("rope_theta", 10000.0))),

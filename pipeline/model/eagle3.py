@@ -36,8 +36,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import ConfigError, ModelConfig
+from .families.llama import PLUGIN as LLAMA
 from .head_checkpoint import check_tensors, read_config, read_tensors
-from .layers import MLP, Attention, RMSNorm
+from .layers import MLP, Attention, RMSNorm, make_norm
 
 __all__ = [
     "CONFIG_FILE",
@@ -105,8 +106,11 @@ class Eagle3Config:
     def hidden_size(self) -> int:
         return self.layer.hidden_size
 
-    def to_speculators(self, num_speculative_tokens: int, verifier: str) -> dict[str, Any]:
-        """config.json in the speculators format (module docstring)."""
+    def to_speculators(
+        self, num_speculative_tokens: int, verifier: str, verifier_class: str
+    ) -> dict[str, Any]:
+        """config.json in the speculators format (module docstring); the verifier (the target)
+        is `verifier` (its name or path) of class `verifier_class` (its family's)."""
         return {
             "architectures": ["Eagle3Speculator"],
             "speculators_model_type": "eagle3",
@@ -122,24 +126,25 @@ class Eagle3Config:
                 "proposal_methods": [
                     {"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens}
                 ],
-                "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+                "verifier": {"name_or_path": verifier, "architectures": [verifier_class]},
             },
         }
 
 
 class _Eagle3Layer(nn.Module):
-    """The draft's decoder layer: a Llama layer whose attention reads [embedding, hidden]."""
+    """The draft's decoder layer: a Llama layer (`cfg`'s family is llama) whose attention reads
+    [embedding, hidden]."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        h, d, eps = cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps
-        self.input_layernorm = RMSNorm(h, eps)
-        self.hidden_norm = RMSNorm(h, eps)
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.input_layernorm = make_norm(cfg)
+        self.hidden_norm = make_norm(cfg)
         self.self_attn = Attention(cfg)
         self.self_attn.q_proj = nn.Linear(2 * h, cfg.num_heads * d, bias=cfg.qkv_bias)
         self.self_attn.k_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
         self.self_attn.v_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
-        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.post_attention_layernorm = make_norm(cfg)
         self.mlp = MLP(cfg)
 
     def forward(self, embeds, hidden, cos, sin, mask, past, norm_before_residual: bool):
@@ -165,7 +170,7 @@ class Eagle3Draft(nn.Module):
         )
         self.fc = nn.Linear(3 * cfg.target_hidden_size, h, bias=False)
         self.layers = nn.ModuleList([_Eagle3Layer(cfg.layer)])
-        self.norm = RMSNorm(h, cfg.layer.rms_norm_eps)
+        self.norm = make_norm(cfg.layer)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
 
@@ -228,7 +233,7 @@ class Eagle3Draft(nn.Module):
         the other linears are N(0, 0.02) from `seed`, the norms ones."""
         layer = replace(
             target_cfg,
-            architecture="llama",
+            architecture=LLAMA.name,  # the speculators layer is a Llama layer, whatever the target
             num_layers=1,
             qkv_bias=False,  # the speculators layout has no attention biases
             o_bias=False,
@@ -264,12 +269,19 @@ class Eagle3Draft(nn.Module):
         return draft
 
 
-def save_eagle3(draft: Eagle3Draft, out: Path, num_speculative_tokens: int, verifier: str) -> None:
+def save_eagle3(
+    draft: Eagle3Draft,
+    out: Path,
+    num_speculative_tokens: int,
+    verifier: str,
+    verifier_class: str,
+) -> None:
     """config.json + model.safetensors in the speculators layout (no embed_tokens when the
-    draft shares the target's; no d2t / t2d over the full vocabulary)."""
+    draft shares the target's; no d2t / t2d over the full vocabulary). The verifier is the
+    target: `verifier` its name or path, `verifier_class` its family's (`ModelFamily.hf_class`)."""
     cfg = draft.cfg
     out.mkdir(parents=True, exist_ok=True)
-    config = cfg.to_speculators(num_speculative_tokens, verifier)
+    config = cfg.to_speculators(num_speculative_tokens, verifier, verifier_class)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     tensors = {name: t.detach().contiguous() for name, t in draft.state_dict().items()}
     if cfg.draft_vocab_size == cfg.vocab_size:
@@ -391,9 +403,9 @@ def _layer_config(raw: Any, file: Path) -> ModelConfig:
     where = f"{file}: transformer_layer_config"
     if not isinstance(raw, dict):
         raise Eagle3Error(f"{where} missing (a Llama config.json of the draft layer)")
-    raw = {"model_type": "llama", "num_hidden_layers": 1, **raw}  # vLLM's defaults
-    if raw["model_type"] != "llama":
-        raise Eagle3Error(f"{where}.model_type {raw['model_type']!r} (expected 'llama')")
+    raw = {"model_type": LLAMA.name, "num_hidden_layers": 1, **raw}  # vLLM's defaults
+    if raw["model_type"] != LLAMA.name:
+        raise Eagle3Error(f"{where}.model_type {raw['model_type']!r} (expected {LLAMA.name!r})")
     if raw["num_hidden_layers"] != 1:
         raise Eagle3Error(f"{where}.num_hidden_layers {raw['num_hidden_layers']!r} (expected 1)")
     if raw.get("mlp_bias", False):
@@ -446,8 +458,8 @@ def _has_embedding(path: Path) -> bool:
 def _llama_config(layer: ModelConfig) -> dict[str, Any]:
     """The draft layer as a Llama config.json (what ModelConfig.from_hf reads back)."""
     config: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [LLAMA.hf_class],
+        "model_type": LLAMA.name,
         "hidden_size": layer.hidden_size,
         "intermediate_size": layer.intermediate_size,
         "num_attention_heads": layer.num_heads,
@@ -458,7 +470,7 @@ def _llama_config(layer: ModelConfig) -> dict[str, Any]:
         "max_position_embeddings": layer.max_position_embeddings,
         "vocab_size": layer.vocab_size,
         "num_hidden_layers": 1,
-        "hidden_act": "silu",
+        "hidden_act": LLAMA.activation,
         "attention_bias": layer.qkv_bias,
         "mlp_bias": False,
         "tie_word_embeddings": False,

@@ -15,14 +15,14 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .layers import DecoderLayer, RMSNorm
+from .layers import DecoderLayer
 from .llama import LlamaModel
 
 __all__ = ["LayerSource", "ModelLayers"]
 
 
 class LayerSource(Protocol):
-    """The parts of a Llama-family model, each loaded when asked for.
+    """The parts of a decoder model, each loaded when asked for.
 
     `layer(i)` may return a fresh module each call (a disk source) or the model's own (a
     memory source): callers read it and let it go, and never assume it stays cached.
@@ -39,7 +39,9 @@ class LayerSource(Protocol):
         """Decoder layer i (float or quantized linears), ready to run (eval mode)."""
         ...
 
-    def final_norm(self) -> RMSNorm: ...
+    def final_norm(self) -> nn.Module:
+        """The norm after the last layer (the family's norm block)."""
+        ...
 
     def lm_head(self) -> nn.Module:
         """The output projection: a float Linear (its weight *is* `embedding()` when tied) or
@@ -68,7 +70,7 @@ class ModelLayers:
     def layer(self, i: int) -> DecoderLayer:
         return self.model.layers[i]
 
-    def final_norm(self) -> RMSNorm:
+    def final_norm(self) -> nn.Module:
         return self.model.norm
 
     def lm_head(self) -> nn.Module:

@@ -1,19 +1,29 @@
-"""The building blocks of a Llama-family decoder layer: RMSNorm, attention, SwiGLU MLP."""
+"""The building blocks of a decoder layer: norms, attention, gated MLP, and the pre-norm layer
+that joins them.
+
+A block takes what varies between families from the model's family (`cfg.family`): each
+linear's shape and bias from the family's layer table, the norm and the MLP's activation by
+name from `NORMS` and `ACTIVATIONS`, the blocks this IR implements. A family made of these
+blocks is one descriptor module; a family needing another block adds it here and to the ONNX
+decoder's matching table (export/decoder.py).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from .architecture import has_bias, layer_linear, linear_shape
 from .config import ModelConfig
 from .rope import apply_rotary
 
 if TYPE_CHECKING:
     from .kv_quant import KVQuant
 
-__all__ = ["RMSNorm", "Attention", "MLP", "DecoderLayer"]
+__all__ = ["ACTIVATIONS", "NORMS", "RMSNorm", "Attention", "MLP", "DecoderLayer", "make_norm"]
 
 
 class RMSNorm(nn.Module):
@@ -28,6 +38,21 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
+# The blocks a family names (`ModelFamily.norm`, `.activation`): name -> what computes it.
+NORMS: dict[str, Callable[[int, float], nn.Module]] = {"rms": RMSNorm}
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": nn.functional.silu}
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The family's norm over the hidden size (a layer's norms and the final one)."""
+    return NORMS[cfg.family.norm](cfg.hidden_size, cfg.rms_norm_eps)
+
+
+def _linear(cfg: ModelConfig, name: str) -> nn.Linear:
+    """The family's linear `name` (inside the layer): its shape and bias from the table."""
+    return nn.Linear(*linear_shape(cfg, name), bias=has_bias(cfg, layer_linear(name, cfg)))
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -36,11 +61,10 @@ class Attention(nn.Module):
             cfg.num_kv_heads,
             cfg.head_dim,
         )
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=cfg.o_bias)
+        self.q_proj = _linear(cfg, "attn.q_proj")
+        self.k_proj = _linear(cfg, "attn.k_proj")
+        self.v_proj = _linear(cfg, "attn.v_proj")
+        self.o_proj = _linear(cfg, "attn.o_proj")
         # A quantized KV cache (kv_quant.py): K and V are rounded to the pool's codes before
         # anything attends to them. None: the pool keeps them as computed (fp32).
         self.kv_quant: KVQuant | None = None
@@ -93,22 +117,26 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """Gated MLP: down(act(gate(x)) * up(x)); act is the family's (silu: SwiGLU)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.activation = cfg.family.activation  # by name: the ONNX decoder emits the same
+        self.gate_proj = _linear(cfg, "mlp.gate_proj")
+        self.up_proj = _linear(cfg, "mlp.up_proj")
+        self.down_proj = _linear(cfg, "mlp.down_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        act = ACTIVATIONS[self.activation]
+        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp_norm = make_norm(cfg)
         self.mlp = MLP(cfg)
 
     def stored_kv(

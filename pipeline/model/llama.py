@@ -1,4 +1,5 @@
-"""The Llama-family causal LM (Llama, Mistral, Qwen2).
+"""The causal LM of every registered family (Llama, Mistral, Qwen2): embedding, decoder
+layers (`layers.py`, built from the family), final norm, lm_head.
 
 One definition serves as the reference implementation, the calibration vehicle and the
 export source."""
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .layers import DecoderLayer, RMSNorm
+from .layers import DecoderLayer, make_norm
 from .rope import cos_sin
 
 __all__ = ["LlamaModel", "KVCache", "causal_mask"]
@@ -37,7 +38,7 @@ class LlamaModel(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_lm_head()
 

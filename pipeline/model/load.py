@@ -23,11 +23,10 @@ from torch import nn
 
 from .architecture import lm_head_source
 from .config import ModelConfig
-from .layers import DecoderLayer, RMSNorm
+from .layers import DecoderLayer, make_norm
 from .llama import LlamaModel
-from .names import ir_name
 
-__all__ = ["load_model", "weight_files", "CheckpointError", "CheckpointReader", "ir_name"]
+__all__ = ["load_model", "weight_files", "CheckpointError", "CheckpointReader"]
 
 
 class CheckpointError(ValueError):
@@ -144,12 +143,13 @@ class CheckpointReader:
         self.path = Path(path)
         self._cfg = cfg or ModelConfig.from_dir(self.path)
         expected = _expected_shapes(self._cfg)
+        names = self._cfg.family.tensor_names
         self._where: dict[str, _Stored] = {}  # by IR name
         for file in weight_files(self.path):
             for hf_name, stored in _stored_tensors(file).items():
                 if _IGNORED.search(hf_name):
                     continue
-                name = ir_name(hf_name)
+                name = names.to_ir(hf_name)
                 if name not in expected:
                     raise CheckpointError(f"{file.name}: unexpected tensor {hf_name!r}")
                 if name in self._where:
@@ -193,10 +193,10 @@ class CheckpointReader:
             raise CheckpointError(f"{self.path}: layer {i} does not fit config.json: {e}") from e
         return layer.eval()
 
-    def final_norm(self) -> RMSNorm:
+    def final_norm(self) -> nn.Module:
         with torch.device("meta"):
-            norm = RMSNorm(self._cfg.hidden_size, self._cfg.rms_norm_eps)
-        norm.weight = nn.Parameter(self.tensor("norm.weight"))
+            norm = make_norm(self._cfg)
+        norm.load_state_dict({k: self.tensor(f"norm.{k}") for k in norm.state_dict()}, assign=True)
         return norm.eval()
 
     def lm_head(self) -> nn.Linear:

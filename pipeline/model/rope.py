@@ -8,7 +8,11 @@ import torch
 
 from .config import ModelConfig
 
-__all__ = ["inv_frequencies", "cos_sin", "apply_rotary"]
+__all__ = ["SCALINGS", "inv_frequencies", "cos_sin", "apply_rotary"]
+
+# The rope_type values `inv_frequencies` computes (a family accepts some of them:
+# `ModelFamily.rope_scalings`).
+SCALINGS = ("default", "linear", "dynamic", "llama3")
 
 
 def inv_frequencies(cfg: ModelConfig, seq_len: int | None = None) -> torch.Tensor:

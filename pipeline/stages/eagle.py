@@ -100,7 +100,7 @@ def run_eagle(
         check_features = torch.randn(_CHECK_TOKENS, 3 * cfg.hidden_size, generator=gen)
         check_ids = torch.randint(cfg.vocab_size, (_CHECK_TOKENS,), generator=gen)
     draft.eval()
-    save_eagle3(draft, out / SPECULATORS_DIR, num_speculative_tokens, verifier)
+    save_eagle3(draft, out / SPECULATORS_DIR, num_speculative_tokens, verifier, cfg.family.hf_class)
     export_eagle(draft, out, max_seq_len=max_seq_len, kv_block_size=kv_block_size)
     check = check_eagle(draft, out, check_features, check_ids, kv_block_size)
     record = {

@@ -1,5 +1,6 @@
 """The architecture table says what the IR builds: every linear's name, shape and bias for each
-supported variant, the compute-order groups, the tying rule and the scaling groups."""
+registered family and variant, the compute-order groups, the tying rule and the scaling
+groups."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ingot.pipeline.model.architecture import (
     lm_head_source,
     scaling_groups,
 )
+from ingot.pipeline.model.family import MODEL_FAMILIES
 from ingot.pipeline.model.llama import LlamaModel
 
 from fixtures import model_config
@@ -36,6 +38,11 @@ def _ir(**overrides) -> LlamaModel:
         return LlamaModel(model_config(**overrides))
 
 
+def test_every_registered_family_has_a_variant() -> None:
+    covered = {overrides.get("model_type", "llama") for overrides in VARIANTS.values()}
+    assert covered == set(MODEL_FAMILIES.names())
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_table_matches_the_ir(variant: str) -> None:
     model = _ir(**VARIANTS[variant])
@@ -44,7 +51,7 @@ def test_table_matches_the_ir(variant: str) -> None:
     assert list(built) == linear_names(cfg)
     for name, linear in built.items():
         assert linear_shape(cfg, name) == (linear.in_features, linear.out_features), name
-        flag = layer_linear(name).bias
+        flag = layer_linear(name, cfg).bias
         assert (linear.bias is not None) == (flag is not None and getattr(cfg, flag)), name
 
 

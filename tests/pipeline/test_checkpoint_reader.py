@@ -11,8 +11,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from ingot.pipeline.model.families.llama import TENSOR_NAMES
 from ingot.pipeline.model.layer_source import ModelLayers
-from ingot.pipeline.model.load import CheckpointError, CheckpointReader, ir_name, load_model
+from ingot.pipeline.model.load import CheckpointError, CheckpointReader, load_model
 
 from fixtures import make_checkpoint
 
@@ -46,7 +47,7 @@ def test_sharded_bf16_checkpoint_reads_as_float32(tmp_path, tied):
     ckpt, original = _reshard(src, tmp_path / "sharded", shards=3, dtype=torch.bfloat16)
     reader = CheckpointReader(ckpt)
     assert reader.lm_head_tied is tied
-    expected = {ir_name(k): v.to(torch.bfloat16).float() for k, v in original.items()}
+    expected = {TENSOR_NAMES.to_ir(k): v.to(torch.bfloat16).float() for k, v in original.items()}
 
     layer = reader.layer(1)
     for name, t in layer.state_dict().items():

@@ -31,6 +31,7 @@ from fixtures import model_config
 V, H = 100, 64
 TARGET = model_config(vocab_size=V, num_hidden_layers=4)  # heads 4, kv heads 2, head_dim 16
 EMBEDDING = torch.randn(V, H, generator=torch.Generator().manual_seed(7))  # the target's
+LLAMA_TARGET = {"verifier": "tiny-llama", "verifier_class": "LlamaForCausalLM"}
 
 
 def _config(**overrides) -> Eagle3Config:
@@ -89,9 +90,18 @@ def test_default_aux_layers_are_vllms_where_distinct():
 
 def test_round_trip_with_the_targets_embedding(tmp_path):
     draft = _draft()
-    save_eagle3(draft, tmp_path, num_speculative_tokens=3, verifier="tiny-llama")
+    save_eagle3(
+        draft,
+        tmp_path,
+        num_speculative_tokens=3,
+        verifier="tiny-qwen2",
+        verifier_class="Qwen2ForCausalLM",  # the target's class; the draft layer is Llama's
+    )
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == V
+    verifier = config["speculators_config"]["verifier"]
+    assert verifier == {"name_or_path": "tiny-qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    assert config["transformer_layer_config"]["architectures"] == ["LlamaForCausalLM"]
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     assert config["transformer_layer_config"]["num_hidden_layers"] == 1
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
@@ -117,7 +127,7 @@ def test_truncated_vocabulary_and_own_embedding(tmp_path):
     draft = _draft(cfg)
     kept = torch.randperm(V, generator=torch.Generator().manual_seed(3))[:40].sort().values
     draft.d2t.copy_(kept - torch.arange(40))  # draft id i is target id kept[i]
-    save_eagle3(draft, tmp_path, num_speculative_tokens=2, verifier="tiny-llama")
+    save_eagle3(draft, tmp_path, num_speculative_tokens=2, **LLAMA_TARGET)
     with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
         assert f.get_tensor("t2d").nonzero().flatten().tolist() == kept.tolist()
         assert list(f.get_tensor("fc.weight").shape) == [H, 3 * 48]
@@ -132,7 +142,7 @@ def test_truncated_vocabulary_and_own_embedding(tmp_path):
 
 def test_midlayer_prefix_is_accepted(tmp_path):
     draft = _draft()
-    save_eagle3(draft, tmp_path, num_speculative_tokens=1, verifier="v")
+    save_eagle3(draft, tmp_path, num_speculative_tokens=1, **LLAMA_TARGET)
     tensors = load_file(tmp_path / "model.safetensors")
     renamed = {n.replace("layers.0.", "midlayer."): t for n, t in tensors.items()}
     save_file(renamed, str(tmp_path / "model.safetensors"))
@@ -140,7 +150,7 @@ def test_midlayer_prefix_is_accepted(tmp_path):
 
 
 def _saved(tmp_path, config_overrides=None, drop=(), tensors=None) -> None:
-    save_eagle3(_draft(), tmp_path, num_speculative_tokens=1, verifier="v")
+    save_eagle3(_draft(), tmp_path, num_speculative_tokens=1, **LLAMA_TARGET)
     config = json.loads((tmp_path / "config.json").read_text())
     for key, value in (config_overrides or {}).items():
         if value is None:
@@ -301,7 +311,7 @@ def test_a_trained_drafts_config_round_trips(tmp_path):
               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
     target = model_config(vocab_size=V, rope_theta=5e5, rope_scaling=llama3)
     draft = Eagle3Draft.for_target(target, (1, 1, 0), torch.randn(V, H), EMBEDDING, seed=0)
-    save_eagle3(draft, tmp_path, num_speculative_tokens=2, verifier="tiny-llama")
+    save_eagle3(draft, tmp_path, num_speculative_tokens=2, **LLAMA_TARGET)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["transformer_layer_config"]["rope_scaling"]["rope_type"] == "llama3"
     assert config["norm_before_residual"] is True

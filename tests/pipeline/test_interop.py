@@ -16,8 +16,8 @@ from safetensors.numpy import load_file
 
 from ingot.calibration.dataset import CalibrationSet
 from ingot.pipeline.interop import InteropError, write_interop
-from ingot.pipeline.interop.common import hf_name
-from ingot.pipeline.model.load import ir_name, load_model
+from ingot.pipeline.model.families.llama import TENSOR_NAMES
+from ingot.pipeline.model.load import load_model
 from ingot.pipeline.model.qlinear import QuantizedLinear
 from ingot.pipeline.quantize.apply import quantize_model
 from ingot.pipeline.quantize.checkpoint import load_ir, save_ir
@@ -125,7 +125,7 @@ def test_gptq_v1_unpacks_to_the_ir_weights(tmp_path, checkpoint, bits, group_siz
     assert config["torch_dtype" if "torch_dtype" in config else "dtype"] == "float16"
     tensors = load_file(str(tmp_path / "gptq" / "model.safetensors"))
     for name, q in _quantized(ir).items():
-        prefix = hf_name(name)
+        prefix = TENSOR_NAMES.to_hf(name)
         k, n = q.in_features, q.out_features
         assert tensors[f"{prefix}.qweight"].shape == (k * bits // 32, n)
         assert tensors[f"{prefix}.qweight"].dtype == np.int32
@@ -203,7 +203,7 @@ def test_awq_gemm_unpacks_to_the_ir_weights(tmp_path, checkpoint):
     }
     tensors = load_file(str(tmp_path / "awq" / "model.safetensors"))
     for name, q in _quantized(ir).items():
-        prefix = hf_name(name)
+        prefix = TENSOR_NAMES.to_hf(name)
         assert tensors[f"{prefix}.qweight"].shape == (q.in_features, q.out_features // 8)
         assert tensors[f"{prefix}.qzeros"].shape == (q.in_features // 32, q.out_features // 8)
         np.testing.assert_array_equal(unpack_awq_gemm(tensors, prefix, 32), _fp16_scales(q))
@@ -246,9 +246,9 @@ def test_compressed_tensors_decompresses_exactly(tmp_path, checkpoint, bits, gro
     tensors = load_torch(str(tmp_path / "ct" / "model.safetensors"))
     for name, q in _quantized(ir).items():
         # Modules as wide as one group are per-channel: a second scheme names them.
-        (scheme,) = [s for s in schemes if {"Linear", hf_name(name)} & set(s.targets)]
+        (scheme,) = [s for s in schemes if {"Linear", TENSOR_NAMES.to_hf(name)} & set(s.targets)]
         assert scheme.weights.num_bits == bits and scheme.weights.symmetric == symmetric
-        prefix = hf_name(name) + "."
+        prefix = TENSOR_NAMES.to_hf(name) + "."
         local = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
         assert ("weight_zero_point" in local) == (not symmetric)
         weight = PackedQuantizationCompressor.decompress(local, scheme)["weight"]
@@ -267,7 +267,7 @@ def test_transformers_loads_compressed_tensors(tmp_path, checkpoint):
     with torch.no_grad():
         logits = hf(ids).logits  # the first forward decompresses
     for name, q in _quantized(ir).items():
-        assert torch.equal(hf.get_submodule(hf_name(name)).weight, q.dequantize()), name
+        assert torch.equal(hf.get_submodule(TENSOR_NAMES.to_hf(name)).weight, q.dequantize()), name
     with torch.no_grad():
         torch.testing.assert_close(logits, _ir_fp16_floats(ir)(ids)[0], atol=1e-4, rtol=1e-4)
 
@@ -300,7 +300,7 @@ def test_compressed_tensors_zero_points_pack_along_output_channels(awq_export):
     quantized = _quantized(ir)
     assert quantized and all(not q.symmetric for q in quantized.values())
     for name, q in quantized.items():
-        zp = tensors[hf_name(name) + ".weight_zero_point"]
+        zp = tensors[TENSOR_NAMES.to_hf(name) + ".weight_zero_point"]
         n, groups = q.zero_points.shape
         assert zp.dtype == np.int32 and zp.shape == (n // 8, groups), name  # vLLM: N // (32/4)
         # Word w of column g holds output channels 8w..8w+7, lowest nibble first, offset by 8
@@ -319,7 +319,7 @@ def test_transformers_loads_asymmetric_compressed_tensors_dequantized(awq_export
         ct, dtype=torch.float32, quantization_config=CompressedTensorsConfig(dequantize=True)
     ).eval()
     for name, q in _quantized(ir).items():
-        assert torch.equal(hf.get_submodule(hf_name(name)).weight, q.dequantize()), name
+        assert torch.equal(hf.get_submodule(TENSOR_NAMES.to_hf(name)).weight, q.dequantize()), name
     model = _ir_fp16_floats(ir)
     ids = torch.tensor([[5, 9, 40, 7, 100, 3]])
     with torch.no_grad():
@@ -340,7 +340,7 @@ def test_transformers_plain_load_of_asymmetric_compressed_tensors(awq_export):
     hf, info = AutoModelForCausalLM.from_pretrained(
         ct, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True
     )
-    quantized = {hf_name(n): q for n, q in _quantized(ir).items()}
+    quantized = {TENSOR_NAMES.to_hf(n): q for n, q in _quantized(ir).items()}
     mismatched = {key: (tuple(a), tuple(b)) for key, a, b in info["mismatched_keys"]}
     if not mismatched:
         ids = torch.tensor([[5, 9, 40, 7, 100, 3]])
@@ -369,4 +369,4 @@ def test_transformers_plain_load_of_asymmetric_compressed_tensors(awq_export):
 
 def test_hf_names_invert_the_loader_renames(checkpoint):
     for name in load_model(checkpoint).state_dict():
-        assert ir_name(hf_name(name)) == name
+        assert TENSOR_NAMES.to_ir(TENSOR_NAMES.to_hf(name)) == name

@@ -27,8 +27,8 @@ from test_interop import _greedy, _ir_fp16_floats
 
 from ingot.calibration.dataset import CalibrationSet
 from ingot.pipeline.interop import InteropError, write_interop
-from ingot.pipeline.interop.common import hf_name
 from ingot.pipeline.model import qlinear
+from ingot.pipeline.model.families.llama import TENSOR_NAMES
 from ingot.pipeline.model.input_quant import InputQuant, quantize_input
 from ingot.pipeline.model.load import load_model
 from ingot.pipeline.model.qlinear import QuantizedLinear
@@ -155,7 +155,7 @@ def test_tensors_are_the_ir_codes_and_scales(export, name):
     quantized = _quantized(ir)
     assert quantized
     for module, q in quantized.items():
-        prefix = hf_name(module)
+        prefix = TENSOR_NAMES.to_hf(module)
         local = {
             k.removeprefix(prefix + "."): v
             for k, v in tensors.items()
@@ -205,9 +205,11 @@ def test_mixed_recipe_is_mixed_precision(export):
     for scheme in config.config_groups.values():
         for target in scheme.targets:
             formats[target] = (scheme.format, scheme.weights.num_bits, scheme.input_activations)
-    assert set(formats) == {hf_name(n) for n in quantized}  # each module named by one group
+    assert set(formats) == {
+        TENSOR_NAMES.to_hf(n) for n in quantized
+    }  # each module named by one group
     for module in quantized:
-        fmt, bits, inputs = formats[hf_name(module)]
+        fmt, bits, inputs = formats[TENSOR_NAMES.to_hf(module)]
         if ".attn." in module:
             assert (fmt, bits, inputs.strategy, inputs.dynamic) == (
                 "int-quantized",
@@ -242,7 +244,9 @@ def test_transformers_runs_fp8_as_the_ir(export, name):
     with torch.no_grad():
         torch.testing.assert_close(hf(IDS).logits, model(IDS)[0], atol=1e-4, rtol=1e-4)
     for module, q in _quantized(ir).items():  # decompressed by the first forward
-        assert torch.equal(hf.get_submodule(hf_name(module)).weight, q.dequantize()), module
+        assert torch.equal(hf.get_submodule(TENSOR_NAMES.to_hf(module)).weight, q.dequantize()), (
+            module
+        )
     for ids in IDS[:, None]:
         assert _greedy(lambda x: hf(x).logits, ids) == _greedy(lambda x: model(x)[0], ids)
 
@@ -263,7 +267,7 @@ def test_transformers_runs_w8a8_linears_as_the_ir(export, checkpoint, name):
     quantized = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     hooks = [
-        hf.get_submodule(hf_name(n)).register_forward_hook(
+        hf.get_submodule(TENSOR_NAMES.to_hf(n)).register_forward_hook(
             lambda _, args, out, n=n: seen.__setitem__(n, (args[0], out))
         )
         for n in quantized
@@ -275,7 +279,9 @@ def test_transformers_runs_w8a8_linears_as_the_ir(export, checkpoint, name):
         with mock.patch.object(qlinear, "quantize_input", _ct_grid):
             for module, q in quantized.items():
                 x, y = seen[module]
-                assert torch.equal(hf.get_submodule(hf_name(module)).weight, q.dequantize())
+                assert torch.equal(
+                    hf.get_submodule(TENSOR_NAMES.to_hf(module)).weight, q.dequantize()
+                )
                 torch.testing.assert_close(y, q(x), atol=1e-5, rtol=1e-5, msg=module)
         reference = model(IDS)[0]
         float_error = (reference - load_model(checkpoint)(IDS)[0]).abs().mean()
@@ -292,8 +298,10 @@ def test_transformers_dequantize_load_is_the_weight_only_ir(export):
     hf = _load(ct, quantization_config=CompressedTensorsConfig(dequantize=True))
     model = _ir_fp16_floats(ir)
     for module, q in [(n, m) for n, m in model.named_modules() if isinstance(m, QuantizedLinear)]:
-        assert type(hf.get_submodule(hf_name(module))) is torch.nn.Linear
-        assert torch.equal(hf.get_submodule(hf_name(module)).weight, q.dequantize()), module
+        assert type(hf.get_submodule(TENSOR_NAMES.to_hf(module))) is torch.nn.Linear
+        assert torch.equal(hf.get_submodule(TENSOR_NAMES.to_hf(module)).weight, q.dequantize()), (
+            module
+        )
         q.set_input_quant(None)
     with torch.no_grad():
         torch.testing.assert_close(hf(IDS).logits, model(IDS)[0], atol=1e-4, rtol=1e-4)
@@ -316,4 +324,6 @@ def test_transformers_dequantize_load_of_mixed_precision(export):
         assert "conversion" in str(error)
         return
     for module, q in _quantized(ir).items():
-        assert torch.equal(hf.get_submodule(hf_name(module)).weight, q.dequantize()), module
+        assert torch.equal(hf.get_submodule(TENSOR_NAMES.to_hf(module)).weight, q.dequantize()), (
+            module
+        )

@@ -1,0 +1,192 @@
+"""A model family described once: what the IR, the ONNX decoder, interop and the EAGLE draft
+read instead of comparing `model_type` strings.
+
+A family is a module under `pipeline/model/families/` (or another distribution's, declared
+under the entry-point group ``ingot.model_families``) that defines ``PLUGIN``, a frozen
+`ModelFamily`, found in `MODEL_FAMILIES` by config.json's ``model_type``. The descriptor says:
+
+- how config.json's fields become a `ModelConfig` (`Biases`, `WindowRule`, the activation's
+  key and value, the RoPE scalings it accepts, the tying default): config.py applies them;
+- the decoder layer as data (`LayerSpec`: its linears with their widths and bias flags, the
+  groups in compute order, its norms, where a per-channel scale folds, what RoPE rotates):
+  architecture.py answers questions about it, layers.py takes the linears' shapes and biases
+  from it, the quantizers walk its groups;
+- the building blocks the layer is made of (`norm`, `activation`): the IR (layers.py) and the
+  ONNX decoder (export/decoder.py) each keep one table of the blocks they implement;
+- the checkpoint's tensor names (`TensorNames`, HF <-> IR) and its llama.cpp architecture
+  (`Gguf`).
+
+Torch-free: the recipe checks and `ingot plan` read it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from ingot.common import Registry
+
+__all__ = [
+    "LM_HEAD",
+    "MODEL_FAMILIES",
+    "Biases",
+    "Dim",
+    "Gguf",
+    "LayerLinear",
+    "LayerSpec",
+    "ModelFamily",
+    "ScaleFold",
+    "TensorNames",
+    "WindowRule",
+]
+
+# The widths a linear reads or writes, by what config.json derives them from.
+Dim = Literal["hidden", "intermediate", "q", "kv", "vocab"]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerLinear:
+    """One linear of a decoder layer. `bias` names the ModelConfig flag that gives it one."""
+
+    name: str  # inside the layer: "attn.q_proj"; the IR's full name is layers.{i}.<name>
+    in_dim: Dim
+    out_dim: Dim
+    bias: Literal["qkv_bias", "o_bias"] | None = None
+
+
+# The output projection every decoder family ends with (its weight is the embedding's when
+# tied).
+LM_HEAD = LayerLinear("lm_head", "hidden", "vocab")
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleFold:
+    """Where a per-input-channel scale of `group` (AWQ, SmoothQuant) folds without changing
+    the float model: into `source`, the module whose output is the group's input."""
+
+    source: str  # a norm of the layer ("attn_norm") or a linear ("attn.v_proj")
+    group: tuple[str, ...]
+    # Folds only when every query head has a key/value head of its own (no GQA): a shared
+    # head would need one scale for several query heads.
+    whole_heads: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """A decoder layer as data: what it holds and in which order its inputs are computed."""
+
+    linears: tuple[LayerLinear, ...]
+    # The linears in the order their inputs are computed; the linears of a group share one
+    # input, and each group's input depends only on the groups before it (true-sequential).
+    groups: tuple[tuple[str, ...], ...]
+    norms: tuple[str, ...]  # the layer's norms (IR names inside the layer), in model order
+    folds: tuple[ScaleFold, ...]  # in compute order
+    rotated: tuple[str, ...]  # the linears whose outputs RoPE rotates, per head
+
+    @property
+    def norm_groups(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """(norm, group): the groups whose shared input is a norm's output."""
+        return tuple((f.source, f.group) for f in self.folds if f.source in self.norms)
+
+    def linear(self, local: str) -> LayerLinear:
+        """The entry of a linear by its name inside the layer (`attn.q_proj`)."""
+        for linear in self.linears:
+            if linear.name == local:
+                return linear
+        raise KeyError(local)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorNames:
+    """Checkpoint (HF) <-> IR tensor names, as (HF prefix, IR prefix) pairs; {i} stands for a
+    layer number. Names no prefix matches (lm_head) are the same in both."""
+
+    prefixes: tuple[tuple[str, str], ...]
+
+    def to_ir(self, hf_name: str) -> str:
+        """`model.layers.0.self_attn.q_proj` -> `layers.0.attn.q_proj` (Llama's names)."""
+        return _rename(hf_name, _rules(self.prefixes))
+
+    def to_hf(self, ir_name: str) -> str:
+        """`layers.0.attn.q_proj` -> `model.layers.0.self_attn.q_proj` (Llama's names)."""
+        return _rename(ir_name, _rules(tuple((ir, hf) for hf, ir in self.prefixes)))
+
+
+@functools.cache
+def _rules(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern[str], str], ...]:
+    """(pattern, replacement) per (from, to) prefix pair; {i} matches and keeps the number."""
+    return tuple(
+        (
+            re.compile("^" + re.escape(old).replace(re.escape("{i}"), r"(\d+)")),
+            new.replace("{i}", r"\1"),
+        )
+        for old, new in pairs
+    )
+
+
+def _rename(name: str, rules: tuple[tuple[re.Pattern[str], str], ...]) -> str:
+    for pattern, replacement in rules:
+        renamed, n = pattern.subn(replacement, name)
+        if n:
+            return renamed
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Biases:
+    """Which attention linears have biases: always (True), never (False), or as the config.json
+    key of that name says (absent: none)."""
+
+    qkv: bool | str = False
+    o: bool | str = False
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRule:
+    """Where config.json states a sliding window: `key` (None: the family has none), turned
+    off by a false `switch` key when the family has one."""
+
+    key: str | None = "sliding_window"
+    switch: str | None = "use_sliding_window"
+
+
+@dataclass(frozen=True, slots=True)
+class Gguf:
+    """The family in llama.cpp: its architecture name, and whether the rows RoPE rotates are
+    reordered from HF's halves to llama.cpp's interleaved pairs (convert_hf_to_gguf's
+    permute, for the architectures llama.cpp runs with normal rather than NEOX RoPE)."""
+
+    arch: str  # general.architecture: "llama", "qwen2"
+    permute_rotated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFamily:
+    """One model family (see the module docstring for who reads what)."""
+
+    name: str  # config.json model_type: the registry's key
+    hf_class: str  # config.json architectures[0]: "LlamaForCausalLM"
+    layer: LayerSpec
+    tensor_names: TensorNames
+    biases: Biases = Biases()
+    window: WindowRule = WindowRule()
+    norm: str = "rms"  # the IR's norm block: "rms" = RMSNorm, weight * x / rms(x)
+    activation: str = "silu"  # the gated MLP's activation, by config.json's name for it
+    activation_key: str = "hidden_act"  # the config.json key that names it
+    # The rope_type values config.json may name (rope.py's SCALINGS computes them).
+    rope_scalings: tuple[str, ...] = ("default", "linear", "dynamic", "llama3")
+    tie_default: bool = False  # tie_word_embeddings when config.json does not say
+    gguf: Gguf | None = None  # None: llama.cpp has no architecture for it
+
+
+MODEL_FAMILIES: Registry[ModelFamily] = Registry(
+    "model family",
+    {
+        "llama": "ingot.pipeline.model.families.llama",
+        "mistral": "ingot.pipeline.model.families.mistral",
+        "qwen2": "ingot.pipeline.model.families.qwen2",
+    },
+    group="ingot.model_families",
+)
