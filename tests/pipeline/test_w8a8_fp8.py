@@ -15,7 +15,8 @@ from torch import nn
 
 from ingot.calibration.dataset import CalibrationSet
 from ingot.pipeline.engines.onnxruntime import build_onnxruntime_engine
-from ingot.pipeline.export import ExportError, check_export, export_onnx
+from ingot.pipeline.engines.onnxruntime.check import check_export
+from ingot.pipeline.export import ExportError, export_onnx
 from ingot.pipeline.export.check import QUANTIZED_INPUTS_RTOL, RTOL
 from ingot.pipeline.model.architecture import scaling_groups
 from ingot.pipeline.model.input_quant import InputQuant
