@@ -225,7 +225,7 @@ def _report(
         **lookup,
         "engine_name": engine.engine.name,
         # The report's field since ONNX Runtime was the only engine (None for an engine
-        # without MatMulNBits levels).
+        # without MatMulNBits levels); report.md describes the engine through its plug-in.
         "engine_matmul_accuracy_level": engine.engine.build.get("matmul_accuracy_level"),
         "dataset": job.dataset,
         "dataset_sha256": job.digest,
@@ -246,17 +246,17 @@ def _report(
     }
 
 
-def speculative_markdown(spec: dict[str, Any]) -> list[str]:
-    """report.md's section on speculative decoding (lines)."""
+def speculative_markdown(spec: dict[str, Any], engine_label: str) -> list[str]:
+    """report.md's section on speculative decoding (lines); `engine_label` says how the engine
+    computes (its builder's `describe`)."""
     method = f"`{spec['method']}`, k = {spec['num_speculative_tokens']}"
     if spec["method"] == "ngram":
         method += f", prompt lookup {spec['prompt_lookup_min']}..{spec['prompt_lookup_max']}"
-    level = spec["engine_matmul_accuracy_level"]
     k_rates = ", ".join(f"{r:.3f}" for r in spec["accepted_per_position"])
     return [
         "## Speculative decoding",
         "",
-        f"{method}, on engine `{spec['engine_name']}` (MatMulNBits accuracy level {level}): "
+        f"{method}, on engine `{spec['engine_name']}` ({engine_label}): "
         f"{spec['prompts']} prompts of {spec['prompt_tokens']} tokens from "
         f"`{spec['dataset']}` (text {spec['dataset_sha256']}), {spec['max_tokens']} greedy "
         f"tokens each (EOS ignored), {spec['batching']}, no back-off.",

@@ -20,6 +20,7 @@ from ingot.artifacts import EngineInfo, GraphInfo
 from ingot.artifacts.manifest import EagleInfo
 from ingot.runtime.loader import DrafterFiles, EngineFiles
 
+from ..engines import ENGINE_BUILDERS
 from ..evaluate.engine import engine_perplexity
 from ..evaluate.perplexity import perplexity
 from ..evaluate.report import perplexity_report, render_markdown
@@ -82,8 +83,10 @@ def run_evaluate(
             eos_token_ids=tuple(cfg.eos_token_ids),
         )
         gc.collect()
+    builder = ENGINE_BUILDERS.get(engine.engine.engine)
+    label = builder.describe(engine.engine.model_dump(mode="json"), engine_dir)
     (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    (out / "report.md").write_text(render_markdown(report))
+    (out / "report.md").write_text(render_markdown(report, label))
 
 
 def engine_files(export_dir: Path, engine_dir: Path) -> EngineFiles:
@@ -140,6 +143,6 @@ def _perplexity(source_path: Path, ir_dir: Path, engine: EngineFiles, evaluation
         engine=engine_ppl,
         engine_name=engine.engine.name,
         # The report's field since ONNX Runtime was the only engine (None for an engine
-        # without MatMulNBits levels).
+        # without MatMulNBits levels); report.md describes the engine through its plug-in.
         matmul_accuracy_level=engine.engine.build.get("matmul_accuracy_level"),
     )

@@ -119,7 +119,8 @@ def test_the_gate_judges_the_engine_that_ships():
 
 
 def test_markdown_report():
-    text = render_markdown(_report(10.0, 10.5, 10.6))
+    label = "MatMulNBits accuracy level 4, int8 activations"  # the engine's (`describe`)
+    text = render_markdown(_report(10.0, 10.5, 10.6), label)
     assert "| original (float, PyTorch) | 10.0000 | |" in text
     assert "| quantized IR (PyTorch) | 10.5000 | +0.5000 (+5.00%) |" in text
     assert (

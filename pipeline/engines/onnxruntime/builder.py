@@ -30,6 +30,10 @@ ESTIMATES = {
 }
 
 
+# ORT's kernels of W8A8 linears (export/input_quant.py's forms, as ORT fuses them).
+_INTEGER_MATMULS = {"MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul"}
+
+
 class OnnxRuntimeBuilder:
     """`EngineBuilder` for ``targets[].engine: onnxruntime`` (see build.py for the engine)."""
 
@@ -88,14 +92,17 @@ class OnnxRuntimeBuilder:
 
     def describe(self, record: dict[str, Any], engine_dir: Path) -> str:
         """The accuracy level of its MatMulNBits where the engine has any (ORT fuses int4 /
-        int8 weights into them); else what its MatMuls compute on (FP8 weights are folded to
-        fp32 at build: fp8_weights.py)."""
+        int8 weight-only linears into them); else its integer MatMuls (W8A8); else what its
+        fp32 MatMuls compute on (FP8 weights are folded to fp32 at build: fp8_weights.py)."""
         engine_file = engine_dir / Path(record["path"]).name
         graph = onnx.load(str(engine_file), load_external_data=False).graph
-        if any(node.op_type == "MatMulNBits" for node in graph.node):
+        ops = {node.op_type for node in graph.node}
+        if "MatMulNBits" in ops:
             level = record["build"]["matmul_accuracy_level"]
             activations = "int8" if level == 4 else "fp32"
             return f"MatMulNBits accuracy level {level}, {activations} activations"
+        if ops & _INTEGER_MATMULS:
+            return "no MatMulNBits: integer MatMul, int8 weights and activations"
         if record["build"].get("fp8_weights_dequantized"):
             return "no MatMulNBits: fp32 MatMul, FP8 weights dequantized to fp32 at build"
         return "no MatMulNBits: fp32 MatMul"
