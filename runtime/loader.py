@@ -16,7 +16,7 @@ from pathlib import Path
 from ingot.artifacts import EngineInfo, GraphInfo
 from ingot.artifacts.manifest import EagleInfo
 from ingot.runtime.engines import ENGINE_RUNTIMES
-from ingot.runtime.engines.base import EngineRunner
+from ingot.runtime.engines.base import EngineRunner, SessionSettings
 from ingot.runtime.kv_pool import KVLayout, KVPool
 from ingot.runtime.speculative.eagle import EagleDraft, eagle_kv_layout
 from ingot.runtime.speculative.load import DraftModel
@@ -85,15 +85,13 @@ def open_engine(
     drafter = drafter or DrafterFiles()
     runtime = ENGINE_RUNTIMES.get(target.engine.engine)
     pool = runtime.kv_layout(target.graph, target.engine).pool(num_blocks)
-    session = runtime.open(
-        target.path,
-        target.engine,
-        pool,
+    settings = SessionSettings(
         hidden=drafter.heads is not None,
         aux=drafter.eagle is not None,
         spinning=spinning,
         profile_file_prefix=profile_file_prefix,
     )
+    session = runtime.open(target.path, target.engine, pool, settings)
     opened = OpenedEngine(pool, session)
     if drafter.draft is not None:
         opened.draft = _open_draft(drafter.draft, pool, session)
@@ -116,7 +114,7 @@ def _open_draft(files: EngineFiles, pool: KVPool, target: EngineRunner) -> Draft
         )
     draft_pool = layout.pool(pool.num_blocks)
     runtime = ENGINE_RUNTIMES.get(files.engine.engine)
-    session = runtime.open(files.path, files.engine, draft_pool, drafting=True)
+    session = runtime.open(files.path, files.engine, draft_pool, SessionSettings(drafting=True))
     if session.writes_pool != target.writes_pool:
         # The draft runs the target's prefill batches (DraftModelDrafter.observe).
         raise ValueError(

@@ -29,6 +29,7 @@ __all__ = [
     "EngineRuntime",
     "HostInfo",
     "SessionError",
+    "SessionSettings",
     "version_satisfies",
 ]
 
@@ -108,6 +109,18 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in match.group(0).split("."))
 
 
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    """What the loader asks of a session besides the engine's record."""
+
+    hidden: bool = False  # also keep the last call's `hidden` rows (Medusa heads read them)
+    aux: bool = False  # also keep its `aux_hidden` rows (an EAGLE-3 draft's features)
+    # A draft model's session beside the target's: kept small (ORT: one thread, no spinning).
+    drafting: bool = False
+    spinning: bool = True  # False: the engine's threads sleep between calls
+    profile_file_prefix: str | None = None  # the engine's own profiler, where it has one
+
+
 class EngineRunner(Protocol):
     """A session the Generator drives (generate.py `ModelRunner`), over the pool it was opened
     with. `writes_pool`: its graph writes each call's K/V into the pool itself (batches are then
@@ -138,20 +151,8 @@ class EngineRuntime(Protocol):
         ...
 
     def open(
-        self,
-        path: Path,
-        engine: EngineInfo,
-        pool: KVPool,
-        *,
-        hidden: bool = False,
-        aux: bool = False,
-        drafting: bool = False,
-        spinning: bool = True,
-        profile_file_prefix: str | None = None,
+        self, path: Path, engine: EngineInfo, pool: KVPool, settings: SessionSettings
     ) -> EngineRunner:
         """The engine file at ``path`` as a session bound to ``pool`` (built from
-        `kv_layout`). ``hidden`` / ``aux`` also bind those outputs; ``drafting``: a draft
-        model's session beside the target's, kept small (one thread, no spinning);
-        ``spinning=False``: threads sleep between calls; ``profile_file_prefix``: the
-        engine's own profiler, where it has one."""
+        `kv_layout`), as ``settings`` ask."""
         ...

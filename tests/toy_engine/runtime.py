@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ingot.artifacts import EngineInfo, GraphInfo
-from ingot.runtime.engines.base import HostInfo
+from ingot.runtime.engines.base import HostInfo, SessionSettings
 from ingot.runtime.engines.onnxruntime.session import EngineSession
 from ingot.runtime.kv_pool import KVLayout, KVPool, kv_numpy_dtype
 
@@ -23,20 +23,13 @@ class ToyRuntime:
         return KVLayout(*shape, kv_numpy_dtype(graph.kv_dtype))
 
     def open(
-        self,
-        path: Path,
-        engine: EngineInfo,
-        pool: KVPool,
-        *,
-        hidden: bool = False,
-        aux: bool = False,
-        drafting: bool = False,
-        spinning: bool = True,
-        profile_file_prefix: str | None = None,
+        self, path: Path, engine: EngineInfo, pool: KVPool, settings: SessionSettings
     ) -> EngineSession:
-        options = {**engine.session_options, "intra_op_num_threads": 1 if drafting else 0}
+        threads = 1 if settings.drafting else 0
+        options = {**engine.session_options, "intra_op_num_threads": threads}
+        spinning = settings.spinning and not settings.drafting
         return EngineSession(
-            path, pool, options, spinning=spinning and not drafting, hidden=hidden, aux=aux
+            path, pool, options, spinning=spinning, hidden=settings.hidden, aux=settings.aux
         )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ingot.artifacts import EngineInfo, GraphInfo
-from ingot.runtime.engines.base import HostInfo
+from ingot.runtime.engines.base import HostInfo, SessionSettings
 from ingot.runtime.engines.onnxruntime.compat import problems
 from ingot.runtime.engines.onnxruntime.session import EngineSession
 from ingot.runtime.kv_pool import KVLayout, KVPool, kv_numpy_dtype
@@ -30,19 +30,10 @@ class OnnxRuntimeEngine:
         return KVLayout(*shape, kv_numpy_dtype(graph.kv_dtype))
 
     def open(
-        self,
-        path: Path,
-        engine: EngineInfo,
-        pool: KVPool,
-        *,
-        hidden: bool = False,
-        aux: bool = False,
-        drafting: bool = False,
-        spinning: bool = True,
-        profile_file_prefix: str | None = None,
+        self, path: Path, engine: EngineInfo, pool: KVPool, settings: SessionSettings
     ) -> EngineSession:
-        options = engine.session_options
-        if drafting:
+        options, spinning = engine.session_options, settings.spinning
+        if settings.drafting:
             # One thread that does not spin between calls: a second thread pool beside the
             # target's would share its cores (4 threads on 2 cores made the target's one-token
             # call 1.4x slower: benchmarks/results/speculative.md), and a draft is small enough
@@ -52,10 +43,10 @@ class OnnxRuntimeEngine:
             path,
             pool,
             options,
-            profile_file_prefix=profile_file_prefix,
+            profile_file_prefix=settings.profile_file_prefix,
             spinning=spinning,
-            hidden=hidden,
-            aux=aux,
+            hidden=settings.hidden,
+            aux=settings.aux,
         )
 
 
