@@ -1,6 +1,6 @@
 """ONNX Runtime sessions the build checks: the written engine as the runtime opens it, a graph
-at a pinned MatMulNBits accuracy level, and `OrtGraph`, which runs a session for the check
-(export/check.py's `GraphRunner`)."""
+at a pinned MatMulNBits accuracy level, and `OrtGraph`, a session as the `GraphRunner`
+(engines/base.py) the IR check runs."""
 
 from __future__ import annotations
 
