@@ -52,7 +52,7 @@ USER_ERROR_TYPES: tuple[tuple[str, str], ...] = (
     ("ingot.runtime.engine_select", "NoCompatibleEngine"),
     ("ingot.runtime.generate", "RequestError"),
     ("ingot.runtime.kv_pool", "KVCacheTooSmall"),
-    ("ingot.runtime.session", "SessionError"),
+    ("ingot.runtime.engines.base", "SessionError"),
     ("ingot.runtime.tokenizer", "ChatTemplateError"),
     ("ingot.runtime.tokenizer", "InvalidText"),
 )

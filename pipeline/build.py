@@ -219,9 +219,13 @@ def build(
             "source": (source.path, source_digest),
             "quantize": (q_dir, q_digest),
             "engine": (target.engine_dirs[first], target.engine_digests[first]),
+            # The graph interface the engine was built from (graph.json), which the runtime
+            # opens it with; not a key input: the engine's digest covers it.
+            "export": (target.export_dir, ""),
         }
         if drafted is not None:
             dirs["draft_engine"] = (drafted.engine_dirs[first], drafted.engine_digests[first])
+            dirs["draft_export"] = (drafted.export_dir, "")
         if heads is not None:
             dirs["heads"] = heads
         if eagle is not None:
@@ -469,7 +473,8 @@ def _evaluate(
     max_seq_len: int,
 ) -> Path:
     """The evaluate stage over the stage outputs ``dirs`` ({"source" | "quantize" | "engine" |
-    "draft_engine" | "heads" | "eagle": (directory, digest)}, the draft's with a draft model,
+    "export" | "draft_engine" | "draft_export" | "heads" | "eagle": (directory, digest)}, the
+    draft's with a draft model,
     the heads with Medusa, the EAGLE-3 stage's with eagle); ``engine`` names the engine
     measured. Perplexity with ``evaluation``, speculation with ``spec_eval``."""
     (s_dir, s_digest), (q_dir, _), (e_dir, e_digest) = (
@@ -477,17 +482,19 @@ def _evaluate(
     )
     slice_: dict[str, Any] = {"engine": engine}
     inputs = {"engine": e_digest, "source": s_digest}
-    runtime = ["ingot.runtime.batch", "ingot.runtime.kv_pool", "ingot.runtime.session"]
+    # The runtime's loader, and the engine plug-in it finds by name (not by an import).
+    runtime = ["ingot.runtime.loader", "ingot.runtime.engines.onnxruntime"]
     if evaluation is not None:
         # max_delta is left out of the key: changing the gate re-judges, it does not re-measure.
         slice_["perplexity"] = evaluation.spec.model_dump(mode="json", exclude={"max_delta"})
         inputs |= {"quantize": dirs["quantize"][1], "dataset": evaluation.digest}
-    draft_dir = heads_dir = eagle_dir = None
+    draft_dir = draft_export_dir = heads_dir = eagle_dir = None
     if spec_eval is not None:
         slice_["speculative"] = spec_eval.key_slice()
         inputs["speculative_dataset"] = spec_eval.digest
         if spec_eval.method.method == "draft_model":
             draft_dir, inputs["draft_engine"] = dirs["draft_engine"]
+            draft_export_dir = dirs["draft_export"][0]
         if spec_eval.method.method == "medusa":
             heads_dir, inputs["heads"] = dirs["heads"]
         if spec_eval.method.method == "eagle":
@@ -510,9 +517,11 @@ def _evaluate(
             source_path=s_dir,
             ir_dir=q_dir,
             engine_dir=e_dir,
+            export_dir=dirs["export"][0],
             perplexity_windows=evaluation,
             speculative=spec_eval,
             draft_engine_dir=draft_dir,
+            draft_export_dir=draft_export_dir,
             heads_dir=heads_dir,
             eagle_dir=eagle_dir,
             cfg=cfg,

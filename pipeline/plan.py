@@ -17,6 +17,8 @@ from typing import Any
 
 from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
 
+from .engines import ENGINE_BUILDERS
+from .engines.base import EngineSizing, EngineTarget, engine_name
 from .model.architecture import LAYER_LINEARS, linear_shape
 from .model.config import ConfigError, ModelConfig
 from .recipe import Quantize, Recipe, RecipeError
@@ -40,15 +42,6 @@ CONSTANTS = {
     "cuda_flops_per_second": 20e12,  # what calibration sustains on a datacenter GPU (fp32)
     "rtn_weights_per_second": 170e6,  # RTN rounding (scales, codes) on the reference machine
     "export_weights_per_second": 230e6,  # quantized layer weights packed into the graph's data
-    "engine_bytes_per_second": 100e6,  # ORT optimizing + saving + reloading, per exported byte
-    # At matmul_accuracy_level 4 the graph is first optimized in memory at level 0 and checked
-    # exactly; the engine's check reuses that check's IR reference, so only the extra session
-    # costs (1B shape, RTN g128: 14.4-16.8 s at level 4 against 16.0 s at level 0, one run each).
-    "exact_check_factor": 0.1,
-    # Engine stage: ORT holds the exported weights once; a tied embedding is also prepacked
-    # for the lm_head's Gemm, beside the Gather's copy.
-    "engine_resident_factor": 1.0,
-    "tied_embedding_factor": 2.0,
     "package_seconds": 0.5,  # manifest, lock, signature, renames
     # copy_file_range of the stage files (page cache, then the disk past the dirty limit):
     # 1B 3.1 GB 1.2 s, 3B 6.2 GB 3.0 s, 8B 15.8 GB 14 s (benchmarks/results/scale.md)
@@ -66,6 +59,8 @@ CONSTANTS = {
     "forward_passes_per_layer": 1.7,
     "awq_sample_tokens": 4096,
     "awq_grid": 21,  # 20 scale candidates + plain rounding
+    # Each engine plug-in's own, for its `estimate` of the engine stage (ORT's: builder.py).
+    **{name: value for builder in ENGINE_BUILDERS for name, value in builder.constants.items()},
 }
 
 
@@ -145,15 +140,13 @@ def plan_build(
         plan.stages += draft.stages
     if evaluation is not None:
         plan.stages.append(evaluation)
-    engines = len(recipe.targets) * model.onnx_bytes + (draft.engine_bytes if draft else 0)
+    engines = model.engine_bytes + (draft.engine_bytes if draft else 0)
     c = CONSTANTS
     package = c["package_seconds"] + (model.onnx_bytes + engines) / c["package_bytes_per_second"]
     base = CONSTANTS["runtime_baseline_bytes"]
     plan.stages.append(StageEstimate("package", base, package, "copy (digests from the cache)"))
     hub = "hub" in recipe.stage_slice("source")["source"]
-    plan.disk = _disk(
-        recipe, shapes, model.onnx_bytes, weights if hub and source_dir is None else 0
-    )
+    plan.disk = _disk(recipe, shapes, model, weights if hub and source_dir is None else 0)
     if draft is not None:
         for what, size in draft.disk.items():
             plan.disk[what] += size
@@ -197,6 +190,7 @@ class _ModelStages:
     stages: list[StageEstimate]
     onnx_bytes: int
     ir_bytes: int
+    engine_bytes: int  # every target's engine files
 
 
 def _model_stages(
@@ -224,10 +218,8 @@ def _model_stages(
     stages.append(_export(shapes, ir_bytes, onnx_bytes))
     if recipe.kv_cache.quantized and recipe.calibration is not None:
         _add_kv_scales(stages[-1], shapes, recipe)
-    for target in recipe.targets:
-        name = f"{target.engine}-{target.device}"
-        exact_first = target.matmul_accuracy_level == 4
-        stages.append(_engine(shapes, name, onnx_bytes, exact_first))
+    engines = [_engine(shapes, target, onnx_bytes) for target in recipe.targets]
+    stages += [stage for stage, _ in engines]
     method = recipe.speculative.method if recipe.speculative is not None else None
     if not prefix and method == "medusa":
         stages.append(_heads(shapes, recipe))
@@ -235,7 +227,7 @@ def _model_stages(
         stages.append(_eagle(shapes, recipe))
     for estimate in stages:
         estimate.stage = prefix + estimate.stage
-    return _ModelStages(stages, onnx_bytes, ir_bytes)
+    return _ModelStages(stages, onnx_bytes, ir_bytes, sum(size for _, size in engines))
 
 
 def _heads(shapes: _Shapes, recipe: Recipe) -> StageEstimate:
@@ -335,7 +327,7 @@ def _draft_stages(recipe: Recipe, recipe_path: Path) -> _DraftStages | None:
     model = _model_stages(
         recipe, recipe_path, shapes, recipe.draft_quantize(), weights, prefix="draft-"
     )
-    engines = len(recipe.targets) * model.onnx_bytes
+    engines = model.engine_bytes
     download = weights if "hub" in source and local is None else 0
     disk = {
         "stage_cache": model.ir_bytes + model.onnx_bytes + engines,
@@ -346,12 +338,12 @@ def _draft_stages(recipe: Recipe, recipe_path: Path) -> _DraftStages | None:
     return _DraftStages(summary, model.stages, engines, disk)
 
 
-def _disk(recipe: Recipe, shapes: _Shapes, onnx_bytes: int, download: int) -> dict[str, int]:
+def _disk(recipe: Recipe, shapes: _Shapes, model: _ModelStages, download: int) -> dict[str, int]:
     """Bytes written: the stage cache's new entries, the artifact, the hub download. The IR
-    holds one byte per code (int8 / uint8, whatever the bits); the graph, each engine and
-    each interop checkpoint hold about the exported weights."""
+    holds one byte per code (int8 / uint8, whatever the bits); the graph and each interop
+    checkpoint hold about the exported weights, each engine what its plug-in estimates."""
     ir = _quantized_bytes(shapes, recipe.quantize, code_bits=8)
-    engines = len(recipe.targets) * onnx_bytes
+    onnx_bytes, engines = model.onnx_bytes, model.engine_bytes
     interop = len(recipe.stage_slice("interop")["interop"]) * onnx_bytes
     return {
         "stage_cache": ir + onnx_bytes + engines + interop,
@@ -420,22 +412,15 @@ def _add_kv_scales(export: StageEstimate, shapes: _Shapes, recipe: Recipe) -> No
     export.notes += f"; first {recipe.kv_cache.dtype} KV scales on {tokens} calibration tokens"
 
 
-def _engine(shapes: _Shapes, name: str, onnx_bytes: int, exact_first: bool) -> StageEstimate:
-    # ORT loads the exported weights once to optimize and save the engine, then the saved
-    # engine once to check it against the IR (one layer at a time); a tied embedding is also
-    # prepacked for the lm_head's Gemm. At accuracy level 4 an exact check of the graph
-    # optimized in memory at level 0 comes first, its session released before the next.
-    c = CONSTANTS
+def _engine(shapes: _Shapes, target: EngineTarget, onnx_bytes: int) -> tuple[StageEstimate, int]:
+    """The target's engine stage, as its engine plug-in estimates it, and its files' size."""
     tied = shapes.embed_params * 4 if shapes.cfg.tie_word_embeddings else 0
-    resident = c["engine_resident_factor"] * onnx_bytes + c["tied_embedding_factor"] * tied
-    seconds = onnx_bytes / c["engine_bytes_per_second"]
-    note = "ORT holds the exported weights once (the check reuses them)"
-    if exact_first:
-        seconds *= 1 + c["exact_check_factor"]
-        note += "; int8 activations: an exact check at level 0 first"
-    return StageEstimate(
-        f"engine:{name}", int(c["runtime_baseline_bytes"] + resident), seconds, note
+    sizing = EngineSizing(onnx_bytes, tied, CONSTANTS["runtime_baseline_bytes"])
+    estimate = ENGINE_BUILDERS.get(target.engine).estimate(target, sizing)
+    stage = StageEstimate(
+        f"engine:{engine_name(target)}", estimate.peak_bytes, estimate.seconds, estimate.notes
     )
+    return stage, estimate.disk_bytes
 
 
 def _calibrate(recipe: Recipe, recipe_path: Path) -> StageEstimate:

@@ -23,7 +23,19 @@ import numpy as np
 
 from ingot.runtime.kv_pool import BlockTable, KVPool, slots_of
 
-__all__ = ["Batch", "DecodeInputs", "build_inputs"]
+__all__ = ["Batch", "DecodeInputs", "STEP_INPUTS", "build_inputs"]
+
+# The graph inputs built per call (`Batch`'s fields of those names); a session binds the pools
+# once. `kv_slots` only in a graph that writes its K/V into the pool itself.
+STEP_INPUTS = (
+    "input_ids",
+    "positions",
+    "block_tables",
+    "context_lens",
+    "attention_mask",
+    "logits_indices",
+    "kv_slots",
+)
 
 
 @dataclass(slots=True)

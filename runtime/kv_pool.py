@@ -28,6 +28,7 @@ __all__ = [
     "BlockAllocator",
     "BlockTable",
     "KVCacheTooSmall",
+    "KVLayout",
     "KVPool",
     "OutOfBlocks",
     "kv_numpy_dtype",
@@ -259,6 +260,29 @@ def slots_of(block_ids: list[int], block_size: int, positions: np.ndarray) -> np
     """Pool slot of each token position [n] of a sequence whose blocks are `block_ids`."""
     table = np.asarray(block_ids, dtype=np.int64)
     return table[positions // block_size] * block_size + positions % block_size
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """The pool an engine's session reads, but for its number of blocks: per layer, K and V
+    arrays [blocks + 1, block_size, num_kv_heads, head_dim] of `dtype`. An engine's runtime
+    plug-in declares it (`EngineRuntime.kv_layout`); the pool is built from it."""
+
+    num_layers: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: np.dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        shape = (self.num_layers, self.block_size, self.num_kv_heads, self.head_dim)
+        return KVPool.bytes_per_block(*shape, self.dtype)
+
+    def pool(self, num_blocks: int) -> KVPool:
+        """A pool of `num_blocks` blocks (plus the scratch block) in this layout."""
+        shape = (self.block_size, self.num_kv_heads, self.head_dim)
+        return KVPool(self.num_layers, num_blocks, *shape, self.dtype)
 
 
 class KVPool:

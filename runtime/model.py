@@ -1,4 +1,8 @@
-"""Load a verified artifact: pick its engine, open the session, size the KV pool."""
+"""Load a verified artifact: pick its engine, size the KV pool, open the session and drafter.
+
+The files the artifact's manifest names are opened by runtime/loader.py (`open_engine`),
+which the build's evaluate stage uses on its stage outputs too.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +15,18 @@ from ingot.artifacts import EngineInfo, Manifest, safe_relative_path, verify_art
 from ingot.artifacts.resolve import resolve_artifact
 from ingot.artifacts.signing import check_signature
 from ingot.runtime.engine_select import select_engine
+from ingot.runtime.engines.base import EngineRunner
 from ingot.runtime.generate import DEFAULT_MAX_NUM_SEQS, Generator, GeneratorConfig
-from ingot.runtime.kv_pool import KVCacheTooSmall, KVPool, kv_numpy_dtype
+from ingot.runtime.kv_pool import KVCacheTooSmall, KVPool
+from ingot.runtime.loader import DrafterFiles, EngineFiles, open_engine
 from ingot.runtime.memory import available_memory, format_bytes
-from ingot.runtime.session import EngineSession
 from ingot.runtime.speculative import Speculation, SpeculativeConfig
 from ingot.runtime.speculative.eagle import EagleDraft
-from ingot.runtime.speculative.load import (
-    DraftModel,
-    draft_bytes_per_block,
-    make_drafter,
-    resolve_config,
-)
+from ingot.runtime.speculative.load import DraftModel, make_drafter, resolve_config
 from ingot.runtime.speculative.medusa import MedusaHeads
 from ingot.runtime.tokenizer import TextTokenizer
 
-__all__ = ["AUTO_KV_CACHE_FRACTION", "DEFAULT_KV_CACHE_BYTES", "LoadedModel"]
+__all__ = ["AUTO_KV_CACHE_FRACTION", "DEFAULT_KV_CACHE_BYTES", "LoadedModel", "drafter_files"]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class LoadedModel:
     engine: EngineInfo  # the one select_engine picked
     tokenizer: TextTokenizer
     pool: KVPool
-    session: EngineSession
+    session: EngineRunner  # the engine kind's runtime plug-in opened it
     max_num_seqs: int
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
@@ -103,84 +103,34 @@ class LoadedModel:
         the target's features (its session binds `aux_hidden`) and has a one-layer float32
         pool of as many blocks as the target's, which the budget pays for too.
         """
-        root = resolve_artifact(path)
-        check_signature(root, verify_key=verify_key, require=require_signature)
-        manifest = verify_artifact(root)  # before anything in the directory is opened
-        engine, skipped = select_engine(manifest)
-        log.info("engine %s (%s on %s) selected", engine.name, engine.engine, engine.device)
-        for reason in skipped:
-            log.info("engine skipped: %s", reason)
-
+        root, manifest = _verified(path, verify_key, require_signature)
+        engine = _selected_engine(manifest)
         speculative = resolve_config(manifest, speculative_config)
-        pool, sized = _make_pool(
-            manifest,
-            engine,
-            kv_cache_blocks,
-            kv_cache_bytes,
-            max_num_seqs,
-            enable_prefix_caching,
-            draft_bytes_per_block(manifest, speculative),
-        )
-        tokens = pool.num_blocks * pool.block_size
-        max_seq_len = manifest.model.max_seq_len
-        log.info(
-            "KV cache: %d blocks of %d tokens = %d tokens (%s, %d bytes/token, %s); %s; "
-            "prefix caching %s; room for %d sequences of max_seq_len %d",
-            pool.num_blocks,
-            pool.block_size,
-            tokens,
-            format_bytes(pool.nbytes),
-            pool.nbytes // tokens,
-            manifest.graph.kv_dtype,
-            sized,
-            "on" if enable_prefix_caching else "off",
-            pool.num_blocks // -(-max_seq_len // pool.block_size),
-            max_seq_len,
+        target = EngineFiles(manifest.graph, engine, safe_relative_path(root, engine.path))
+        drafter = drafter_files(root, manifest, engine.name, speculative)
+        sizing = _PoolSizing(max_num_seqs, enable_prefix_caching, manifest.model.max_seq_len)
+        blocks, sized = _pool_blocks(
+            manifest, target, drafter, kv_cache_blocks, kv_cache_bytes, sizing
         )
         tokenizer = TextTokenizer.from_artifact(root, manifest.tokenizer, chat_template)
-        method = speculative.method if speculative is not None else None
-        session = EngineSession(
-            safe_relative_path(root, engine.path),
-            pool,
-            engine.session_options,
-            profile_file_prefix=profile_file_prefix,
-            spinning=spinning,
-            hidden=method == "medusa",  # the heads draft from the target's hidden state
-            aux=method == "eagle",  # an EAGLE-3 draft reads the target's features
+        opened = open_engine(
+            target, blocks, drafter, spinning=spinning, profile_file_prefix=profile_file_prefix
         )
-        draft = heads = eagle = None
-        if method == "draft_model":
-            draft = DraftModel.open(root, manifest, engine.name, pool.num_blocks)
-            if draft.session.writes_pool != session.writes_pool:
-                # The draft runs the target's prefill batches (DraftModelDrafter.observe).
-                raise ValueError(
-                    f"{root}: the draft engine and the target engine write the KV pool in "
-                    "different ways (built by different ingot versions); rebuild the artifact"
-                )
-        elif method == "medusa":
-            heads = MedusaHeads.open(safe_relative_path(root, manifest.speculative.heads.path))
-        elif method == "eagle":
-            eagle = EagleDraft.open(root, manifest, pool.num_blocks)
-        if speculative is not None:
-            log.info(
-                "speculative decoding: %s, %d tokens per step",
-                speculative.method,
-                speculative.num_speculative_tokens,
-            )
+        _log_loaded(opened.pool, manifest.graph.kv_dtype, sized, sizing, speculative)
         return cls(
             root,
             manifest,
             engine,
             tokenizer,
-            pool,
-            session,
+            opened.pool,
+            opened.session,
             max_num_seqs,
             max_num_batched_tokens,
             enable_prefix_caching,
             speculative,
-            draft,
-            heads,
-            eagle,
+            opened.draft,
+            opened.heads,
+            opened.eagle,
         )
 
     @property
@@ -206,36 +156,81 @@ class LoadedModel:
         return Generator(self.session, self.pool, self.tokenizer, config, speculation)
 
 
-def _make_pool(
+def _verified(
+    path: Path | str, verify_key: Path | str | None, require_signature: bool | None
+) -> tuple[Path, Manifest]:
+    """The artifact's directory (an `oci://` reference pulled into the local store first) and
+    its manifest, its signature checked as asked and its files verified before any is opened."""
+    root = resolve_artifact(path)
+    check_signature(root, verify_key=verify_key, require=require_signature)
+    return root, verify_artifact(root)
+
+
+def _selected_engine(manifest: Manifest) -> EngineInfo:
+    engine, skipped = select_engine(manifest)
+    log.info("engine %s (%s on %s) selected", engine.name, engine.engine, engine.device)
+    for reason in skipped:
+        log.info("engine skipped: %s", reason)
+    return engine
+
+
+def drafter_files(
+    root: Path, manifest: Manifest, engine_name: str, speculative: SpeculativeConfig | None
+) -> DrafterFiles:
+    """What `speculative`'s method opens of the artifact at `root` beside its engine
+    `engine_name`: for draft_model the draft's engine of that name."""
+    spec, method = getattr(manifest, "speculative", None), getattr(speculative, "method", None)
+    if method == "draft_model":
+        engines = {e.name: e for e in spec.draft.engines}
+        if engine_name not in engines:
+            raise ValueError(
+                f"the draft model has no engine {engine_name!r} (it has {sorted(engines)})"
+            )
+        engine = engines[engine_name]
+        path = safe_relative_path(root, engine.path)
+        return DrafterFiles(draft=EngineFiles(spec.draft.graph, engine, path))
+    if method == "medusa":
+        return DrafterFiles(heads=safe_relative_path(root, spec.heads.path))
+    if method == "eagle":
+        return DrafterFiles(eagle=(root, spec.eagle))
+    return DrafterFiles()
+
+
+@dataclass(frozen=True, slots=True)
+class _PoolSizing:
+    """What bounds the pool besides its budget: max_num_seqs full-length sequences."""
+
+    max_num_seqs: int
+    prefix_caching: bool
+    max_seq_len: int
+
+
+def _pool_blocks(
     manifest: Manifest,
-    engine: EngineInfo,
+    target: EngineFiles,
+    drafter: DrafterFiles,
     blocks: int | None,
     budget_bytes: int | None,
-    max_num_seqs: int,
-    prefix_caching: bool,
-    draft_per_block: int = 0,
-) -> tuple[KVPool, str]:
-    """The pool, and how its size was chosen (for the log line). A budget pays for a draft
-    model's pool too (`draft_per_block` bytes per block, the same number of blocks)."""
-    graph = manifest.graph
-    shape = (graph.num_layers, graph.kv_block_size, graph.num_kv_heads, graph.head_dim)
-    dtype = kv_numpy_dtype(graph.kv_dtype)
-    per_block = KVPool.bytes_per_block(*shape, dtype) + draft_per_block
-    max_seq_len = manifest.model.max_seq_len
-    blocks_per_seq = -(-max_seq_len // graph.kv_block_size)
-    full = max_num_seqs * blocks_per_seq  # what max_num_seqs full-length sequences can use
+    sizing: _PoolSizing,
+) -> tuple[int, str]:
+    """The pool's blocks, and how they were chosen (for the log line). A budget pays for the
+    drafter's pool too (the same number of blocks)."""
+    layout = target.kv_layout()
+    block_size, per_block = layout.block_size, layout.bytes_per_block + drafter.bytes_per_block()
+    blocks_per_seq = -(-sizing.max_seq_len // block_size)
+    full = sizing.max_num_seqs * blocks_per_seq  # what max_num_seqs full-length sequences use
     auto = None
     if blocks is not None:
         sized = "a fixed number of blocks"
     elif budget_bytes is not None:
         blocks = budget_bytes // per_block
         sized = f"budget {format_bytes(budget_bytes)}"
-        if not prefix_caching:
+        if not sizing.prefix_caching:
             # Blocks beyond max_num_seqs full-length sequences would be dead memory; with
             # prefix caching they hold cached prefixes instead.
             blocks = min(blocks, full)
     else:
-        available = _available_after_weights(manifest, engine)
+        available = _available_after_weights(manifest, target.engine)
         if available is None:
             budget = DEFAULT_KV_CACHE_BYTES
             auto = f"available memory unknown: {format_bytes(budget)}"
@@ -243,21 +238,49 @@ def _make_pool(
             budget = int(available * AUTO_KV_CACHE_FRACTION)
             auto = f"{AUTO_KV_CACHE_FRACTION:g} of {format_bytes(available)} available"
         blocks = min(budget // per_block, full)
-        sized = f"auto: {auto}, at most {max_num_seqs} sequences of {max_seq_len} tokens"
+        sized = f"auto: {auto}, at most {sizing.max_num_seqs} sequences of "
+        sized += f"{sizing.max_seq_len} tokens"
     if blocks < blocks_per_seq:
         raise KVCacheTooSmall(
-            f"a KV cache of {blocks} blocks ({blocks * graph.kv_block_size} tokens) cannot "
-            f"hold one sequence of max_seq_len {max_seq_len} "
+            f"a KV cache of {blocks} blocks ({blocks * block_size} tokens) cannot "
+            f"hold one sequence of max_seq_len {sizing.max_seq_len} "
             f"({format_bytes(blocks_per_seq * per_block)})",
-            capacity_tokens=blocks * graph.kv_block_size,
-            needs=f"one sequence of max_seq_len {max_seq_len}",
+            capacity_tokens=blocks * block_size,
+            needs=f"one sequence of max_seq_len {sizing.max_seq_len}",
             needed_bytes=blocks_per_seq * per_block,
             auto=auto,
         )
-    pool = KVPool(
-        graph.num_layers, blocks, graph.kv_block_size, graph.num_kv_heads, graph.head_dim, dtype
+    return blocks, sized
+
+
+def _log_loaded(
+    pool: KVPool,
+    kv_dtype: str,
+    sized: str,
+    sizing: _PoolSizing,
+    speculative: SpeculativeConfig | None,
+) -> None:
+    tokens = pool.num_blocks * pool.block_size
+    log.info(
+        "KV cache: %d blocks of %d tokens = %d tokens (%s, %d bytes/token, %s); %s; "
+        "prefix caching %s; room for %d sequences of max_seq_len %d",
+        pool.num_blocks,
+        pool.block_size,
+        tokens,
+        format_bytes(pool.nbytes),
+        pool.nbytes // tokens,
+        kv_dtype,
+        sized,
+        "on" if sizing.prefix_caching else "off",
+        pool.num_blocks // -(-sizing.max_seq_len // pool.block_size),
+        sizing.max_seq_len,
     )
-    return pool, sized
+    if speculative is not None:
+        log.info(
+            "speculative decoding: %s, %d tokens per step",
+            speculative.method,
+            speculative.num_speculative_tokens,
+        )
 
 
 def _available_after_weights(manifest: Manifest, engine: EngineInfo) -> int | None:

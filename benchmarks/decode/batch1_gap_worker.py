@@ -53,7 +53,7 @@ def ingot_graph(spec: dict[str, Any]) -> Callable[[], float]:
     private session (`_PagedSession`): the public API has no way to run the graph without
     the step around it, which is what this case leaves out."""
     from ingot.runtime import SamplingParams
-    from ingot.runtime.session import EngineSession, _PagedSession
+    from ingot.runtime.engines.onnxruntime.session import EngineSession, _PagedSession
 
     model = _ingot_model(spec)
     generator = model.generator()

@@ -131,10 +131,12 @@ def _measure(dtype: str, artifact: Path, windows: np.ndarray, args: argparse.Nam
     from ingot.artifacts import read_manifest
     from ingot.pipeline.evaluate.engine import engine_perplexity
     from ingot.runtime import LoadedModel
+    from ingot.runtime.loader import EngineFiles
 
     manifest = read_manifest(artifact)
     engine = manifest.engines[0]
-    ppl = engine_perplexity(artifact / engine.path, engine.session_options, windows)
+    files = EngineFiles(manifest.graph, engine, artifact / engine.path)
+    ppl = engine_perplexity(files, windows)
     budget = args.budget_mib << 20
     loaded = LoadedModel.load(artifact, kv_cache_bytes=budget, enable_prefix_caching=False)
     pool = loaded.pool

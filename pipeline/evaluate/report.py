@@ -1,10 +1,11 @@
 """eval/report.json and report.md, the manifest's summary of them, and the recipe's gate.
 
 Three perplexities on the same windows: the original (float) model and the quantized IR, both
-in torch, and the engine that ships (the artifact's first engine, run by ONNX Runtime as the
-runtime runs it, int8 activations included where its MatMulNBits use them). ``delta`` is the
-quantized IR's against the original, ``engine_delta`` the engine's; the gate judges the
-engine's, since that is what the artifact serves. The `speculative` block (mean accepted
+in torch, and the engine that ships (the artifact's first engine, run as the runtime runs it,
+int8 activations included where it computes with them; report.md says how it computes as its
+engine plug-in describes it). ``delta`` is the quantized IR's against the original,
+``engine_delta`` the engine's; the gate judges the engine's, since that is what the artifact
+serves. The `speculative` block (mean accepted
 length) is speculative.py's; report.md gets a section per block.
 """
 
@@ -60,21 +61,20 @@ def perplexity_report(
     }
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    """report.md: a section per measurement the report holds (perplexity, speculative)."""
+def render_markdown(report: dict[str, Any], engine_label: str) -> str:
+    """report.md: a section per measurement the report holds (perplexity, speculative);
+    `engine_label` says how the engine computes (its builder's `describe`)."""
     from .speculative import speculative_markdown
 
     lines = ["# Evaluation", ""]
     if "perplexity" in report:
-        lines += _perplexity_markdown(report["perplexity"])
+        lines += _perplexity_markdown(report["perplexity"], engine_label)
     if "speculative" in report:
-        lines += speculative_markdown(report["speculative"])
+        lines += speculative_markdown(report["speculative"], engine_label)
     return "\n".join(lines)
 
 
-def _perplexity_markdown(ppl: dict[str, Any]) -> list[str]:
-    level = ppl["engine_matmul_accuracy_level"]
-    activations = "int8" if level == 4 else "fp32"
+def _perplexity_markdown(ppl: dict[str, Any], engine_label: str) -> list[str]:
     return [
         f"Perplexity on `{ppl['dataset']}` ({ppl['windows']} windows of {ppl['seq_len']} "
         f"tokens, {ppl['tokens_scored']} tokens scored; text {ppl['dataset_sha256']}).",
@@ -84,8 +84,7 @@ def _perplexity_markdown(ppl: dict[str, Any]) -> list[str]:
         f"| original (float, PyTorch) | {ppl['original']:.4f} | |",
         f"| quantized IR (PyTorch) | {ppl['quantized']:.4f} | "
         f"{_delta(ppl['delta'], ppl['relative_delta'])} |",
-        f"| engine `{ppl['engine_name']}` (MatMulNBits accuracy level {level}, "
-        f"{activations} activations) | {ppl['engine']:.4f} | "
+        f"| engine `{ppl['engine_name']}` ({engine_label}) | {ppl['engine']:.4f} | "
         f"{_delta(ppl['engine_delta'], ppl['engine_relative_delta'])} |",
         "",
         "The gate (`evaluate.perplexity.max_delta`) judges the engine's delta: the engine is "

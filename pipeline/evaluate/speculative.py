@@ -4,13 +4,12 @@
 The prompts are the first `prompt_tokens` tokens of consecutive windows of `prompt_tokens` +
 `max_tokens` tokens of the evaluation text (read and tokenized like the perplexity's, before
 any build work). Each prompt is generated alone (batch 1, the case speculation is for) with
-greedy decoding and EOS ignored, `max_tokens` tokens, on the first target's engine through
-`KVPool`, `EngineSession` and `Generator`, with the runtime's drafter: prompt lookup, the
-draft model's engine of the same name on a pool of as many blocks as the target's (as
-`DraftModel.open` builds it from a manifest; here from the stage directories, since nothing is
-packaged yet), the Medusa heads graph on the target's hidden state, or the EAGLE-3 draft's
-graphs (the eagle stage's, on a pool like the draft model's) on the target's aux states. The
-back-off is off
+greedy decoding and EOS ignored, `max_tokens` tokens, on the first target's engine, opened
+by the runtime's own loader (runtime/loader.py `open_engine`, here on the stage outputs since
+nothing is packaged yet) with its drafter: prompt lookup, the draft model's engine of the same
+name on a pool of as many blocks as the target's, the Medusa heads graph on the target's hidden
+state, or the EAGLE-3 draft's graphs (on a pool like the draft model's) on the target's aux
+states; then driven by the runtime's `Generator`. The back-off is off
 (`min_acceptance_rate` 0, no batch-size cut-off), so every step drafts and the counters measure
 the drafter, not the policy.
 
@@ -22,12 +21,18 @@ can flip (docs/design.md, section 6).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ingot.runtime.generate import Generator, GeneratorConfig
+from ingot.runtime.loader import DrafterFiles, EngineFiles, open_engine
+from ingot.runtime.sampling import SamplingParams
+from ingot.runtime.speculative import SpecDecodeStats, Speculation, SpeculativeConfig
+from ingot.runtime.speculative.load import make_drafter
+from ingot.runtime.tokenizer import TextTokenizer
 
 from ..recipe import (
     DraftModelSpeculative,
@@ -37,7 +42,6 @@ from ..recipe import (
     Recipe,
     SpeculativeEval,
 )
-from .engine import engine_pool_layout
 from .errors import EvalDataError
 from .perplexity import token_windows, tokenize
 from .report import EvalGateError
@@ -144,90 +148,26 @@ class _CountingRunner:
 
 def measure_speculation(
     job: SpeculativePrompts,
-    engine_dir: Path,
-    draft_engine_dir: Path | None,
+    engine: EngineFiles,
+    drafter: DrafterFiles,
     tokenizer_file: Path,
     *,
     max_seq_len: int,
     sliding_window: int | None,
     vocab_size: int,
     eos_token_ids: tuple[int, ...] = (),
-    heads_file: Path | None = None,
-    eagle_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The report's `speculative` block: the drafter's counters over the prompts, the target's
     calls with and without speculation, and how many prompts decode as plain greedy does.
 
-    `engine_dir` and `draft_engine_dir` (draft_model only) are engine stage outputs of the same
-    engine name; `heads_file` (medusa only) is the heads graph, `eagle_dir` (eagle only) the
-    eagle stage's output; `max_seq_len` is the exported graph's."""
-    from ingot.runtime.generate import Generator, GeneratorConfig
-    from ingot.runtime.kv_pool import KVPool
-    from ingot.runtime.sampling import SamplingParams
-    from ingot.runtime.session import EagleLayerSession, EngineSession
-    from ingot.runtime.speculative import Speculation, SpeculativeConfig
-    from ingot.runtime.speculative.eagle import EagleDraft, EagleFc
-    from ingot.runtime.speculative.load import DraftModel, make_drafter
-    from ingot.runtime.speculative.medusa import MedusaHeads
-    from ingot.runtime.tokenizer import TextTokenizer
-
+    `engine` is the first target's engine stage output; `drafter` what the method drafts with
+    (the draft's engine of the same name, the heads graph, the eagle stage's graphs; nothing
+    for ngram); `max_seq_len` is the exported graph's."""
     spec, method = job.spec, job.method
-    record, engine_file = _engine(engine_dir)
-    layout = engine_pool_layout(engine_file)
-    block = layout["block_size"]
     # One request at a time, prefix caching off: a full-length sequence's blocks suffice.
-    num_blocks = -(-max_seq_len // block)
-    pool = KVPool(
-        layout["num_layers"],
-        num_blocks,
-        block,
-        layout["num_kv_heads"],
-        layout["head_dim"],
-        layout["dtype"],
-    )
-    medusa, eagle = method.method == "medusa", method.method == "eagle"
-    if medusa and heads_file is None:
-        raise ValueError("speculative method medusa: no heads graph to measure")
-    if eagle and eagle_dir is None:
-        raise ValueError("speculative method eagle: no EAGLE-3 draft to measure")
-    # The heads draft from the target's hidden state, an EAGLE-3 draft from its aux states:
-    # its session binds that output too.
-    session = EngineSession(engine_file, pool, record["session_options"], hidden=medusa, aux=eagle)
-    target = _CountingRunner(session)
-    eagle_draft = None
-    if eagle:  # as EagleDraft.open builds it from a manifest: a float32 pool of 1 layer
-        from ..heads.eagle_export import FC_FILE, MODEL_FILE
-        from ..stages.eagle import EAGLE_RECORD
-
-        sizes = json.loads((eagle_dir / EAGLE_RECORD).read_text())
-        eagle_pool = KVPool(
-            1, num_blocks, block, sizes["num_kv_heads"], sizes["head_dim"], np.float32
-        )
-        layer = EagleLayerSession(eagle_dir / MODEL_FILE, eagle_pool)
-        eagle_draft = EagleDraft(layer, EagleFc.open(eagle_dir / FC_FILE), eagle_pool)
-    heads = MedusaHeads.open(heads_file) if medusa else None
-    draft = None
-    if method.method == "draft_model":
-        if draft_engine_dir is None:
-            raise ValueError("speculative method draft_model: no draft engine to measure")
-        draft_record, draft_file = _engine(draft_engine_dir)
-        draft_layout = engine_pool_layout(draft_file)
-        if draft_layout["block_size"] != block:  # the build gives both the recipe's kv_cache
-            raise ValueError(
-                f"the draft engine's KV block size {draft_layout['block_size']} is not the "
-                f"target's {block}"
-            )
-        # As DraftModel.open: as many blocks as the target's, addressed by its block tables.
-        draft_pool = KVPool(
-            draft_layout["num_layers"],
-            num_blocks,
-            block,
-            draft_layout["num_kv_heads"],
-            draft_layout["head_dim"],
-            draft_layout["dtype"],
-        )
-        session = EngineSession(draft_file, draft_pool, draft_record["session_options"])
-        draft = DraftModel(session, draft_pool)
+    num_blocks = -(-max_seq_len // engine.kv_layout().block_size)
+    opened = open_engine(engine, num_blocks, drafter)
+    target = _CountingRunner(opened.session)
     config = SpeculativeConfig(
         method.method,
         method.num_speculative_tokens,
@@ -237,8 +177,8 @@ def measure_speculation(
         min_acceptance_rate=0.0,  # never backs off: every step drafts
         adaptive=False,  # nor stops where drafting timed slower: counts, not this machine's clock
     )
-    drafter = make_drafter(config, draft, sliding_window, heads, eagle_draft)
-    speculation = Speculation(config, drafter)
+    draft = make_drafter(config, opened.draft, sliding_window, opened.heads, opened.eagle)
+    speculation = Speculation(config, draft)
     tokenizer = TextTokenizer(tokenizer_file)
     generator_config = GeneratorConfig(
         max_seq_len=max_seq_len,
@@ -250,32 +190,46 @@ def measure_speculation(
     )
     params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0, ignore_eos=True)
     prompts = job.prompts.tolist()
-    speculative = Generator(target, pool, tokenizer, generator_config, speculation)
+    speculative = Generator(target, opened.pool, tokenizer, generator_config, speculation)
     drafted = [speculative.generate([p], params)[0].token_ids for p in prompts]
     speculative_calls = target.calls
-    plain = Generator(target, pool, tokenizer, generator_config)  # the same session and pool
+    plain = Generator(target, opened.pool, tokenizer, generator_config)  # same session, pool
     greedy = [plain.generate([p], params)[0].token_ids for p in prompts]
-    plain_calls = target.calls - speculative_calls
+    calls = (speculative_calls, target.calls - speculative_calls)
+    return _report(job, config, engine, speculation.stats, (drafted, greedy), calls)
 
-    stats = speculation.stats
+
+def _report(
+    job: SpeculativePrompts,
+    config: SpeculativeConfig,
+    engine: EngineFiles,
+    stats: SpecDecodeStats,
+    outputs: tuple[list[list[int]], list[list[int]]],
+    calls: tuple[int, int],
+) -> dict[str, Any]:
+    """The `speculative` block from the drafter's `stats`, the tokens with and without
+    speculation (`outputs`) and the target's calls with and without (`calls`)."""
+    spec, (drafted, greedy) = job.spec, outputs
     drafts = stats.num_drafts
     counts = stats.accepted_per_position
     per_position = counts + [0] * (config.num_speculative_tokens - len(counts))
     rates = [round(n / drafts, _DIGITS) if drafts else 0.0 for n in per_position]
     accept_rate = stats.num_accepted_tokens / stats.num_draft_tokens if drafts else 0.0
     lookup = {}
-    if method.method == "ngram":
+    if config.method == "ngram":
         lookup = {"prompt_lookup_min": config.prompt_lookup_min}
         lookup["prompt_lookup_max"] = config.prompt_lookup_max
     return {
-        "method": method.method,
+        "method": config.method,
         "num_speculative_tokens": config.num_speculative_tokens,
         **lookup,
-        "engine_name": record["name"],
-        "engine_matmul_accuracy_level": record["build"]["matmul_accuracy_level"],
+        "engine_name": engine.engine.name,
+        # The report's field since ONNX Runtime was the only engine (None for an engine
+        # without MatMulNBits levels); report.md describes the engine through its plug-in.
+        "engine_matmul_accuracy_level": engine.engine.build.get("matmul_accuracy_level"),
         "dataset": job.dataset,
         "dataset_sha256": job.digest,
-        "prompts": len(prompts),
+        "prompts": len(drafted),
         "prompt_tokens": spec.prompt_tokens,
         "max_tokens": spec.max_tokens,
         "batching": "one prompt at a time",
@@ -286,31 +240,23 @@ def measure_speculation(
         "mean_accepted_length": round(stats.mean_accepted_length, _DIGITS),
         "acceptance_rate": round(accept_rate, _DIGITS),
         "accepted_per_position": rates,
-        "target_calls": speculative_calls,
-        "plain_target_calls": plain_calls,
+        "target_calls": calls[0],
+        "plain_target_calls": calls[1],
         "greedy_match": sum(a == b for a, b in zip(drafted, greedy, strict=True)),
     }
 
 
-def _engine(engine_dir: Path) -> tuple[dict[str, Any], Path]:
-    """An engine stage output's record (engine.json) and its engine file."""
-    from ..stages.engine import ENGINE_RECORD
-
-    record = json.loads((engine_dir / ENGINE_RECORD).read_text())
-    return record, engine_dir / Path(record["path"]).name
-
-
-def speculative_markdown(spec: dict[str, Any]) -> list[str]:
-    """report.md's section on speculative decoding (lines)."""
+def speculative_markdown(spec: dict[str, Any], engine_label: str) -> list[str]:
+    """report.md's section on speculative decoding (lines); `engine_label` says how the engine
+    computes (its builder's `describe`)."""
     method = f"`{spec['method']}`, k = {spec['num_speculative_tokens']}"
     if spec["method"] == "ngram":
         method += f", prompt lookup {spec['prompt_lookup_min']}..{spec['prompt_lookup_max']}"
-    level = spec["engine_matmul_accuracy_level"]
     k_rates = ", ".join(f"{r:.3f}" for r in spec["accepted_per_position"])
     return [
         "## Speculative decoding",
         "",
-        f"{method}, on engine `{spec['engine_name']}` (MatMulNBits accuracy level {level}): "
+        f"{method}, on engine `{spec['engine_name']}` ({engine_label}): "
         f"{spec['prompts']} prompts of {spec['prompt_tokens']} tokens from "
         f"`{spec['dataset']}` (text {spec['dataset_sha256']}), {spec['max_tokens']} greedy "
         f"tokens each (EOS ignored), {spec['batching']}, no back-off.",

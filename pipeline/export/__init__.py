@@ -1,7 +1,7 @@
-"""Export the model IR to standard opset-23 ONNX with a paged-KV graph interface, and check it."""
+"""Export the model IR to standard opset-23 ONNX with a paged-KV graph interface (decoder.py),
+and the engine-neutral check of a graph against the IR (check.py)."""
 
-from .check import check_export
 from .decoder import DATA_FILE, MODEL_FILE, OPSET, export_onnx
 from .errors import ExportError
 
-__all__ = ["export_onnx", "check_export", "ExportError", "OPSET", "MODEL_FILE", "DATA_FILE"]
+__all__ = ["export_onnx", "ExportError", "OPSET", "MODEL_FILE", "DATA_FILE"]

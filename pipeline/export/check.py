@@ -1,4 +1,8 @@
-"""Run an exported graph in ONNX Runtime through a paged KV pool and compare it with the IR.
+"""Run an exported graph on an engine through a paged KV pool and compare it with the IR.
+
+The engine is anything that runs the graph's interface (`GraphRunner`, pipeline/engines/base.py:
+named inputs in, named outputs out); this module knows no engine. ONNX Runtime's is `OrtGraph`
+(pipeline/engines/onnxruntime), whose sessions the numbers below were measured with.
 
 The graph side: two random-token sequences of different lengths in one padded batch, each
 prefilled in two uneven chunks through a throwaway pool (block ids scattered by a random
@@ -84,22 +88,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
+from ..engines.base import Accuracy, GraphRunner
 from ..model.kv_quant import KVQuant, dequantize_kv, quantize_kv
-from ..model.layer_source import LayerSource, ModelLayers
-from ..model.llama import LlamaModel, causal_mask
+from ..model.layer_source import LayerSource
+from ..model.llama import causal_mask
 from ..model.qlinear import dequantized
 from ..model.rope import cos_sin
 from .errors import ExportError
 
-__all__ = ["check_graph", "GraphCheck", "check_export", "RTOL", "Accuracy", "session_options"]
-
-Accuracy = Literal["exact", "int8_activations"]
+__all__ = ["check_graph", "GraphCheck", "GraphRunner", "RTOL", "Accuracy"]
 
 # Relative tolerances, max|graph - IR| / max|IR|, from measurements (module docstring): fp32
 # activations, fp32 or fp16 KV: largest 1.7e-5 -> 2e-4; int8 activations: largest 0.15 -> 0.5.
@@ -107,85 +109,34 @@ RTOL: dict[str, float] = {"exact": 2e-4, "int8_activations": 0.5}
 # At least this where the IR quantizes linears' inputs, by input dtype (module docstring).
 QUANTIZED_INPUTS_RTOL: dict[str, float] = {"int8": 0.03, "fp8": 0.1}
 
-_ACCURACY_LEVEL = {"exact": "0", "int8_activations": "4"}  # session.qdq_matmulnbits_accuracy_level
-_ACCURACY_KEY = "session.qdq_matmulnbits_accuracy_level"
-# pool input type -> (numpy dtype of the pool, kv_cache.dtype); an fp8 pool is E4M3FN bytes
+# pool input dtype -> (numpy dtype of the pool, kv_cache.dtype); an fp8 pool is E4M3FN bytes
 _KV_TYPES = {
-    "tensor(float)": (np.float32, "fp32"),
-    "tensor(float16)": (np.float16, "fp16"),
-    "tensor(int8)": (np.int8, "int8"),
-    "tensor(uint8)": (np.uint8, "fp8"),
+    "float32": (np.float32, "fp32"),
+    "float16": (np.float16, "fp16"),
+    "int8": (np.int8, "int8"),
+    "uint8": (np.uint8, "fp8"),
 }
 _KV_NAMES = {np.dtype(dtype): name for dtype, name in _KV_TYPES.values()}
 
 
-def session_options(accuracy: Accuracy = "exact") -> Any:
-    """ORT CPU session options for checking a graph: default optimizations (so ORT's fusions
-    are checked too), MatMulNBits accuracy level pinned (0 = fp32 activations for "exact", 4 =
-    int8 activations for "int8_activations"; ORT's own default is 4)."""
-    import onnxruntime as ort
-
-    if accuracy not in _ACCURACY_LEVEL:
-        raise ValueError(f"accuracy: {accuracy!r} (allowed: {', '.join(_ACCURACY_LEVEL)})")
-    options = ort.SessionOptions()
-    options.add_session_config_entry(_ACCURACY_KEY, _ACCURACY_LEVEL[accuracy])
-    return options
-
-
-def check_export(
-    model: LlamaModel | LayerSource,
-    onnx_path: Path,
-    *,
-    num_tokens: int = 24,
-    seed: int = 0,
-    rtol: float | None = None,
-    accuracy: Accuracy = "exact",
-    atol: float | None = None,
-) -> dict[str, Any]:
-    """`check_graph` on a CPU session over ``onnx_path`` built with `session_options`.
-
-    ``model`` is a `LlamaModel` (wrapped in `ModelLayers`) or any `LayerSource`. ``atol``, if
-    given, is an extra absolute bound on the logit and hidden differences (the criterion of
-    earlier versions, kept for callers that still pass it).
-    """
-    import onnxruntime as ort
-
-    source = ModelLayers(model) if isinstance(model, LlamaModel) else model
-    session = ort.InferenceSession(
-        str(onnx_path), session_options(accuracy), providers=["CPUExecutionProvider"]
-    )
-    try:
-        report = check_graph(
-            source, session, num_tokens=num_tokens, seed=seed, rtol=rtol, accuracy=accuracy
-        )
-    except ExportError as e:
-        raise ExportError(f"{onnx_path}: {e}") from None
-    worst = max(report["max_abs_logit_diff"], report["max_abs_hidden_diff"])
-    if atol is not None and not worst <= atol:
-        raise ExportError(
-            f"{onnx_path}: exported graph disagrees with the IR beyond atol {atol}: {report}"
-        )
-    return report
-
-
 def check_graph(
     source: LayerSource,
-    session: Any,
+    runner: GraphRunner,
     *,
     num_tokens: int = 24,
     seed: int = 0,
     rtol: float | None = None,
     accuracy: Accuracy = "exact",
 ) -> dict[str, Any]:
-    """Compare the graph run by ``session`` (an `onnxruntime.InferenceSession`) with the IR.
+    """Compare the graph ``runner`` runs with the IR.
 
-    ``accuracy`` says how the session computes: "exact" (fp32 activations everywhere) or
-    "int8_activations" (MatMulNBits at accuracy level 4); it picks the default ``rtol``
+    ``accuracy`` says how the runner computes: "exact" (fp32 activations everywhere) or
+    "int8_activations" (ORT: MatMulNBits at accuracy level 4); it picks the default ``rtol``
     (`RTOL`). Raises ``ExportError`` on a mismatch (see the module docstring for the
     criterion); returns the report that becomes ``check.json``.
     """
     return GraphCheck(source, num_tokens=num_tokens, seed=seed)(
-        session, rtol=rtol, accuracy=accuracy
+        runner, rtol=rtol, accuracy=accuracy
     )
 
 
@@ -202,13 +153,13 @@ class _Reference:
 
 
 class GraphCheck:
-    """`check_graph` for several sessions of one graph against one IR (the exact session of a
-    level-4 engine, then the engine itself): the IR's reference, the costly half of a check
-    (every layer read, dequantized and run twice per chunk), is computed once, by the first
-    call, and reused by the later ones.
+    """`check_graph` for several runners of one graph against one IR (the exact variant of an
+    engine that is not exact, then the engine itself): the IR's reference, the costly half of
+    a check (every layer read, dequantized and run twice per chunk), is computed once, by the
+    first call, and reused by the later ones.
 
-    The first call's session settles the rounding ties the reference adopts (module
-    docstring), so check the exact session first: a later session is compared with a
+    The first call's runner settles the rounding ties the reference adopts (module
+    docstring), so check the exact runner first: a later runner is compared with a
     reference that took the first one's tie values, which differ from its own by at most one
     step of the pool's grid. That is far inside the int8-activation tolerance a later check
     uses; a later exact check of a different graph could see those steps (the reference
@@ -222,13 +173,18 @@ class GraphCheck:
         self._reference: _Reference | None = None
 
     def __call__(
-        self, session: Any, *, rtol: float | None = None, accuracy: Accuracy = "exact"
+        self, runner: GraphRunner, *, rtol: float | None = None, accuracy: Accuracy = "exact"
     ) -> dict[str, Any]:
-        """Check ``session`` (see `check_graph`)."""
+        """Check ``runner`` (see `check_graph`)."""
         if accuracy not in RTOL:
             raise ValueError(f"accuracy: {accuracy!r} (allowed: {', '.join(RTOL)})")
-        _refuse_int8_session_as_exact(session, accuracy)
-        run = _run_graph(session, self.source.cfg, self.num_tokens, self.seed)
+        if accuracy == "exact" and runner.accuracy == "int8_activations":
+            # Held to the exact tolerance it would fail spuriously.
+            raise ValueError(
+                "the engine computes with int8 activations: check it with "
+                'accuracy="int8_activations"'
+            )
+        run = _run_graph(runner, self.source.cfg, self.num_tokens, self.seed)
         ref = self._reference
         if ref is None:
             logits, hidden, ties, quantized = _reference(
@@ -258,21 +214,6 @@ class GraphCheck:
         if not ok:
             raise ExportError(f"exported graph disagrees with the IR: {report}")
         return report
-
-
-def _refuse_int8_session_as_exact(session: Any, accuracy: str) -> None:
-    """A session explicitly built with int8 activations cannot be checked as "exact": the
-    caller would get a spurious mismatch. (An unset entry is not judged: a session over an
-    already-optimized graph has its accuracy baked in and reads no such entry.)"""
-    try:
-        level = session.get_session_options().get_session_config_entry(_ACCURACY_KEY)
-    except (AttributeError, RuntimeError):  # not set, or not an ORT session
-        return
-    if accuracy == "exact" and level == "4":
-        raise ValueError(
-            f"the session runs MatMulNBits with int8 activations ({_ACCURACY_KEY}=4): "
-            'check it with accuracy="int8_activations"'
-        )
 
 
 def _compare(
@@ -486,14 +427,14 @@ class _GraphRun:
         return self.cache.kv_name
 
 
-def _run_graph(session: Any, cfg: Any, num_tokens: int, seed: int) -> _GraphRun:
+def _run_graph(runner: GraphRunner, cfg: Any, num_tokens: int, seed: int) -> _GraphRun:
     """Two random-token sequences (``num_tokens`` and about 2/3 of it), each prefilled in two
     uneven chunks, batched with padding through a throwaway pool."""
     rng = np.random.default_rng(seed)
     lengths = [num_tokens, num_tokens - num_tokens // 3]  # different lengths -> padded batch
     prompts = [rng.integers(0, cfg.vocab_size, n) for n in lengths]
     splits = [n // 2 + s for s, n in enumerate(lengths)]  # uneven chunks on purpose
-    cache = _PagedCache(session, cfg.num_layers, lengths, rng)
+    cache = _PagedCache(runner, cfg.num_layers, lengths, rng)
     logits, hidden = cache.prefill(prompts, splits, cfg.sliding_window)
     return _GraphRun(prompts, splits, logits, hidden, cache)
 
@@ -502,16 +443,15 @@ class _PagedCache:
     """A throwaway paged KV pool: per-layer numpy blocks, scattered block tables, slot writes."""
 
     def __init__(
-        self, session: Any, num_layers: int, lengths: list[int], rng: np.random.Generator
+        self, runner: GraphRunner, num_layers: int, lengths: list[int], rng: np.random.Generator
     ) -> None:
-        spec = {i.name: i for i in session.get_inputs()}
-        pool = spec["k_pool_0"]
-        _, self.block, hkv, d = pool.shape
-        if pool.type not in _KV_TYPES:
+        spec = runner.inputs
+        (_, self.block, hkv, d), pool_type = spec["k_pool_0"]
+        if pool_type not in _KV_TYPES:
             allowed = ", ".join(_KV_TYPES)
-            raise ExportError(f"k_pool_0 has type {pool.type} (expected one of {allowed})")
-        self.kv_dtype, self.kv_name = _KV_TYPES[pool.type]
-        self.session, self.num_layers = session, num_layers
+            raise ExportError(f"k_pool_0 has type {pool_type} (expected one of {allowed})")
+        self.kv_dtype, self.kv_name = _KV_TYPES[pool_type]
+        self.runner, self.num_layers = runner, num_layers
         # A graph with kv_slots writes each call's K/V into the pool itself (its outputs are
         # the written pools); an older one returns them and this cache writes them.
         self.writes_pool = "kv_slots" in spec
@@ -599,8 +539,7 @@ class _PagedCache:
             **({"kv_slots": kv_slots} if self.writes_pool else {}),
             **self.pools,
         }
-        names = [o.name for o in self.session.get_outputs()]
-        out = dict(zip(names, self.session.run(names, feed), strict=True))
+        out = self.runner.run(feed)
         for key in ("logits", "hidden"):  # [S*Q, X] -> [S, Q, X]
             out[key] = out[key].reshape(s_count, q, -1)
         if self.writes_pool:  # unbound, the outputs are fresh copies of the written pools
@@ -608,7 +547,7 @@ class _PagedCache:
                 self.pools[name] = out[name.replace("_pool_", "_pool_out_")]
             return out
         hkv, d = self.pools["k_pool_0"].shape[2:]
-        for key in [n for n in names if n.startswith("new_")]:  # [S, Q, Hkv*D] -> [..., Hkv, D]
+        for key in [n for n in out if n.startswith("new_")]:  # [S, Q, Hkv*D] -> [..., Hkv, D]
             out[key] = out[key].reshape(s_count, q, hkv, d)
         for s, (chunk, ctx) in enumerate(zip(chunks, context, strict=True)):
             slots = ctx + np.arange(len(chunk))

@@ -136,9 +136,8 @@ def check_eagle(
     greedy tokens equal but at near-ties. Raises ValueError otherwise; returns the report."""
     import onnxruntime as ort
 
-    from ingot.runtime.batch import build_inputs
+    from ingot.runtime.batch import STEP_INPUTS, build_inputs
     from ingot.runtime.kv_pool import KVPool
-    from ingot.runtime.session import STEP_INPUTS
 
     cfg = draft.cfg
     t = int(ids.shape[0])

@@ -40,7 +40,7 @@ from .speculative import (
     NgramSpeculative,
     Speculative,
 )
-from .targets import OnnxRuntimeTarget, Target
+from .targets import Target
 
 __all__ = [
     "Artifact",
@@ -64,7 +64,6 @@ __all__ = [
     "KvCache",
     "LocalSource",
     "NgramSpeculative",
-    "OnnxRuntimeTarget",
     "Perplexity",
     "Recipe",
     "RecipeError",

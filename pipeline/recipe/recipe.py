@@ -18,7 +18,7 @@ from .interop import InteropFormat, _check_unique_formats
 from .quantize import Quantize
 from .source import Source
 from .speculative import Draft, Speculative
-from .targets import OnnxRuntimeTarget, Target, _check_unique_targets
+from .targets import DEFAULT_TARGETS, Target, _check_unique_targets
 
 __all__ = ["STAGES", "Recipe", "recipe_json_schema"]
 
@@ -36,7 +36,7 @@ class Recipe(_Strict):
     kv_cache: KvCache = Field(default=KvCache(), description="Paged KV cache layout.")
     export: Export = Field(default=Export(), description="ONNX export settings.")
     targets: Annotated[list[Target], AfterValidator(_check_unique_targets)] = Field(
-        default=[OnnxRuntimeTarget(engine="onnxruntime")],
+        default=DEFAULT_TARGETS,
         min_length=1,
         description="Engines to build; the runtime picks the first one the host can run.",
     )

@@ -1,51 +1,38 @@
-"""The `targets` section: the engines the artifact is built for, one per engine and device."""
+"""The `targets` section: the engines the artifact is built for, one per engine and device.
+
+An entry is validated by its engine's target model: the union of every registered engine
+builder's `target_model` (pipeline/engines: `ENGINE_BUILDERS`), told apart by ``engine``.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import operator
+from functools import reduce
+from typing import Annotated, Any
 
 from pydantic import Field
 from pydantic_core import PydanticCustomError
 
-from .base import _Strict
+from ..engines import ENGINE_BUILDERS
+from ..engines.base import EngineTarget
 
-__all__ = ["OnnxRuntimeTarget", "Target"]
+__all__ = ["DEFAULT_TARGETS", "Target"]
 
-
-class OnnxRuntimeTarget(_Strict):
-    """ONNX Runtime; the graph is optimized at build time and loaded as is by the runtime."""
-
-    engine: Literal["onnxruntime"] = Field(description="Inference engine.")
-    device: Literal["cpu"] = Field(default="cpu", description="Execution provider's device.")
-    optimization_level: Literal["basic", "extended", "all"] = Field(
-        default="extended",
-        description=(
-            "ORT graph optimization level applied at build time. 'extended' fuses attention, "
-            "norms and int4/int8 DequantizeLinear+MatMul into MatMulNBits and stays portable; "
-            "'all' adds layout transforms tied to the build host's CPU ISA, which the manifest "
-            "then requires of every host."
-        ),
-    )
-    intra_op_num_threads: int = Field(
-        default=0, ge=0, description="Threads per operator; 0 lets ONNX Runtime choose."
-    )
-    matmul_accuracy_level: Literal[0, 1, 2, 3, 4] = Field(
-        default=4,
-        description=(
-            "Compute type of ORT's fused MatMulNBits: 4 (the default) quantizes activations to "
-            "int8 inside the kernel: faster (much faster for int8 weights on CPU), not the "
-            "graph's exact numbers; the build checks the same graph at level 0 exactly against "
-            "the IR and the engine itself loosely, and `evaluate` measures the engine's "
-            "perplexity. 0 keeps fp32 activations (the exported graph's numbers, checked "
-            "exactly)."
-        ),
-    )
+# The recipe's targets when it names none: ONNX Runtime on the CPU, which every host runs.
+DEFAULT_TARGETS = [ENGINE_BUILDERS.get("onnxruntime").target_model(engine="onnxruntime")]
 
 
-Target = Annotated[OnnxRuntimeTarget, Field(discriminator="engine")]
+def _target_union() -> Any:
+    """The registered engines' target models as one union on ``engine`` (a single model when
+    one engine is registered: the same schema as a one-member union)."""
+    models = [builder.target_model for builder in ENGINE_BUILDERS]
+    return Annotated[reduce(operator.or_, models), Field(discriminator="engine")]
 
 
-def _check_unique_targets(targets: list[OnnxRuntimeTarget]) -> list[OnnxRuntimeTarget]:
+Target = _target_union()
+
+
+def _check_unique_targets(targets: list[EngineTarget]) -> list[EngineTarget]:
     # Each target gets its own engines/<engine>-<device>/ directory in the artifact.
     seen: dict[tuple[str, str], int] = {}
     for index, target in enumerate(targets):

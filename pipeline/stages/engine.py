@@ -1,21 +1,23 @@
 """Stage: build one engine target from the exported graph and check it against the IR.
 
-ONNX Runtime optimizes the exported graph and writes the engine; the written engine is then
-opened as the runtime opens it and checked (`check_graph`) against the quantize stage's IR,
-read one layer at a time (`IRLayers`; with an int8 / fp8 KV cache its layers round their K/V
-with the export stage's scales: `rounding_as_exported`). What is checked is the engine that
-ships: its files, its fusions, its MatMulNBits accuracy level, the runtime's kernels.
+The target's engine plug-in (`ENGINE_BUILDERS`, by ``target.engine``) builds the engine from
+the exported graph; the written engine is then opened as the runtime will run it (the
+plug-in's `open`) and checked (`GraphCheck`) against the quantize stage's IR, read one layer
+at a time (`IRLayers`; with an int8 / fp8 KV cache its layers round their K/V with the export
+stage's scales: `rounding_as_exported`). What is checked is the engine that ships: its files,
+its fusions, its kernels.
 
-At `matmul_accuracy_level: 4` (int8 activations) that check can only be loose (0.5 of the
-logit scale: it catches gross errors, not one layer's swapped heads), so first the same
-exported graph is optimized in memory at the target's level with MatMulNBits at accuracy
-level 0 (fp32 activations; not saved) and checked exactly: the same fusions, exact numbers.
-Its report is ``check.json``'s ``exact_check``. The IR's side of the comparison is computed
-once, by the exact check, and the engine's check reuses it (`GraphCheck`).
+An engine that does not compute exactly (ONNX Runtime at `matmul_accuracy_level: 4`: int8
+activations) can only be checked loosely (0.5 of the logit scale: it catches gross errors,
+not one layer's swapped heads), so first the plug-in's exact variant of the same compiled graph
+(ORT: optimized in memory at the target's level with MatMulNBits at accuracy level 0; not
+saved) is checked exactly. Its report is ``check.json``'s ``exact_check``. The IR's side of
+the comparison is computed once, by the exact check, and the engine's check reuses it
+(`GraphCheck`).
 
-One session holds the weights at a time: the exact check's session is released before the
-engine is built, the optimizing one before the checked one opens. A mismatch raises
-`ExportError`, so the stage fails and the cache keeps nothing.
+One engine holds the weights at a time: the exact variant is released before the engine is
+built, the build's before the built engine opens. A mismatch raises `ExportError`, so the
+stage fails and the cache keeps nothing.
 """
 
 from __future__ import annotations
@@ -25,55 +27,35 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..engines.onnxruntime import (
-    build_onnxruntime_engine,
-    load_onnxruntime_engine,
-    ort_optimization_level,
-)
-from ..export.check import GraphCheck, session_options
+from ..engines import ENGINE_BUILDERS
+from ..engines.base import EngineBuilder, EngineTarget, engine_name
+from ..export import MODEL_FILE
+from ..export.check import GraphCheck
 from ..export.errors import ExportError
 from ..quantize.ir_layers import IRLayers
-from ..recipe.targets import Target
 from .export import rounding_as_exported
 
-__all__ = ["run_engine", "engine_name", "check_accuracy", "ENGINE_RECORD", "CHECK_REPORT"]
+__all__ = ["run_engine", "engine_name", "ENGINE_RECORD", "CHECK_REPORT"]
 
 ENGINE_RECORD, CHECK_REPORT = "engine.json", "check.json"
-EXACT_CHECK = "exact_check"  # check.json's key for the level-0 check of a level-4 target
+EXACT_CHECK = "exact_check"  # check.json's key for the exact check of an inexact engine
 
 
-def engine_name(target: Target) -> str:
-    return f"{target.engine}-{target.device}"
-
-
-def check_accuracy(target: Target) -> str:
-    """How the engine computes, for the check's tolerance: int8 activations at MatMulNBits
-    accuracy level 4, else exact (fp32)."""
-    return "int8_activations" if target.matmul_accuracy_level == 4 else "exact"
-
-
-def run_engine(export_dir: Path, ir_dir: Path, target: Target, out: Path) -> None:
+def run_engine(export_dir: Path, ir_dir: Path, target: EngineTarget, out: Path) -> None:
     """Write the engine files, ``engine.json`` (its record) and ``check.json`` (the check's
     report) into ``out``."""
-    if target.engine != "onnxruntime":  # the recipe's union admits only built engines
-        raise ValueError(f"targets: engine {target.engine!r} has no builder")
-    # One IR reference for both checks of a level-4 target (`GraphCheck`): exact first.
+    builder = ENGINE_BUILDERS.get(target.engine)
+    graph = export_dir / MODEL_FILE
+    # One IR reference for both checks of an inexact engine (`GraphCheck`): exact first.
     check_ir = GraphCheck(rounding_as_exported(IRLayers(ir_dir), export_dir))
-    exact = None
-    if check_accuracy(target) != "exact":
-        exact = _exact_check(export_dir, check_ir, target)
-    record = build_onnxruntime_engine(
-        export_dir / "model.onnx",
-        out,
-        optimization_level=target.optimization_level,
-        intra_op_num_threads=target.intra_op_num_threads,
-        matmul_accuracy_level=target.matmul_accuracy_level,
-    )
-    session = load_onnxruntime_engine(out / Path(record["path"]).name, record["session_options"])
+    exact = _exact_check(builder, graph, check_ir, target)
+    record = builder.build(graph, target, out)
+    gc.collect()  # the build's copy of the weights goes before the engine's loads them
+    runner = builder.open(out, record)
     try:
-        check = check_ir(session, accuracy=check_accuracy(target))
+        check = check_ir(runner, accuracy=builder.accuracy(target))
     finally:
-        del session  # the weights go before anything else is written
+        del runner  # the weights go before anything else is written
         gc.collect()
     if exact is not None:
         check[EXACT_CHECK] = exact
@@ -81,27 +63,24 @@ def run_engine(export_dir: Path, ir_dir: Path, target: Target, out: Path) -> Non
     _write_json(out / CHECK_REPORT, check)
 
 
-def _exact_check(export_dir: Path, check_ir: GraphCheck, target: Target) -> dict[str, Any]:
-    """`check_ir` "exact" on the exported graph optimized in memory as the target optimizes
-    it, but with MatMulNBits at accuracy level 0 (fp32 activations); nothing is written."""
-    import onnxruntime as ort
-
-    options = session_options("exact")  # session.qdq_matmulnbits_accuracy_level = "0"
-    options.graph_optimization_level = ort_optimization_level(target.optimization_level)
-    options.intra_op_num_threads = target.intra_op_num_threads
-    options.log_severity_level = 3  # level "all" warns that its graph is host specific
-    onnx_path = export_dir / "model.onnx"
-    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+def _exact_check(
+    builder: EngineBuilder, graph: Path, check_ir: GraphCheck, target: EngineTarget
+) -> dict[str, Any] | None:
+    """`check_ir` "exact" on the builder's exact variant of the graph, where the engine is not
+    exact and has one; None otherwise."""
+    exact = builder.exact(graph, target)
+    if exact is None:
+        return None
+    runner, what = exact
+    del exact
     try:
-        return check_ir(session, accuracy="exact")
+        return check_ir(runner, accuracy="exact")
     except ExportError as e:
         raise ExportError(
-            f"engine {engine_name(target)}: the exact check (the graph at MatMulNBits accuracy "
-            f"level 0, before the level-{target.matmul_accuracy_level} engine is built) "
-            f"failed: {e}"
+            f"engine {engine_name(target)}: the exact check ({what}) failed: {e}"
         ) from None
     finally:
-        del session  # its weights go before the engine's session loads them
+        del runner  # its weights go before the engine's build loads them
         gc.collect()
 
 

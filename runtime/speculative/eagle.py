@@ -37,13 +37,14 @@ from typing import Protocol
 import numpy as np
 import onnxruntime as ort
 
-from ingot.artifacts import Manifest, safe_relative_path
+from ingot.artifacts import safe_relative_path
+from ingot.artifacts.manifest import EagleInfo
 from ingot.runtime.batch import Batch, build_inputs
-from ingot.runtime.kv_pool import KVPool
+from ingot.runtime.engines.onnxruntime.session import EagleLayerSession, open_draft_graph
+from ingot.runtime.kv_pool import KVLayout, KVPool
 from ingot.runtime.scheduler import Chunk, SequenceState
-from ingot.runtime.session import EagleLayerSession, open_draft_graph
 
-__all__ = ["EagleDraft", "EagleDrafter", "EagleFc"]
+__all__ = ["EagleDraft", "EagleDrafter", "EagleFc", "eagle_kv_layout"]
 
 
 class EagleFc:
@@ -82,15 +83,19 @@ class EagleDraft:
     pool: KVPool
 
     @classmethod
-    def open(cls, root: Path, manifest: Manifest, num_blocks: int) -> EagleDraft:
-        """The artifact's draft/eagle graphs (manifest.speculative.eagle) on a pool of
-        `num_blocks` blocks: the target's, whose block tables address both pools."""
-        eagle = manifest.speculative.eagle  # its kv_block_size is the target's (manifest.py)
-        pool = KVPool(
-            1, num_blocks, eagle.kv_block_size, eagle.num_kv_heads, eagle.head_dim, np.float32
-        )
+    def open(cls, root: Path, eagle: EagleInfo, num_blocks: int) -> EagleDraft:
+        """The draft's graphs (``eagle.path``, ``eagle.fc_path``, relative to `root`: the
+        artifact's draft/eagle/, or the eagle stage's output) on a pool of `num_blocks`
+        blocks: the target's, whose block tables address both pools."""
+        pool = eagle_kv_layout(eagle).pool(num_blocks)
         layer = EagleLayerSession(safe_relative_path(root, eagle.path), pool)
         return cls(layer, EagleFc.open(safe_relative_path(root, eagle.fc_path)), pool)
+
+
+def eagle_kv_layout(eagle: EagleInfo) -> KVLayout:
+    """The draft layer's pool: one layer, float32 K/V, the target's block size (manifest.py
+    checks that ``eagle.kv_block_size`` is the target's)."""
+    return KVLayout(1, eagle.kv_block_size, eagle.num_kv_heads, eagle.head_dim, np.float32)
 
 
 class EagleDrafter:

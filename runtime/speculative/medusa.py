@@ -16,8 +16,8 @@ import numpy as np
 import onnxruntime as ort
 
 from ingot.runtime.batch import Batch
+from ingot.runtime.engines.onnxruntime.session import open_draft_graph
 from ingot.runtime.scheduler import Chunk, SequenceState
-from ingot.runtime.session import open_draft_graph
 
 __all__ = ["MedusaDrafter", "MedusaHeads"]
 

@@ -17,12 +17,17 @@ from onnx import numpy_helper
 from ingot.artifacts import verify_artifact
 from ingot.pipeline.build import build
 from ingot.pipeline.cache import StageCache
-from ingot.pipeline.engines.onnxruntime import build_onnxruntime_engine, load_onnxruntime_engine
+from ingot.pipeline.engines.onnxruntime import (
+    OnnxRuntimeTarget,
+    OrtGraph,
+    build_onnxruntime_engine,
+    load_onnxruntime_engine,
+)
+from ingot.pipeline.engines.onnxruntime import builder as ort_builder
 from ingot.pipeline.export import ExportError
 from ingot.pipeline.export import check as check_module
 from ingot.pipeline.export.check import GraphCheck, check_graph
 from ingot.pipeline.quantize.ir_layers import IRLayers
-from ingot.pipeline.recipe.targets import OnnxRuntimeTarget
 from ingot.pipeline.stages import engine as engine_stage
 
 from fixtures import write_recipe
@@ -74,11 +79,12 @@ def test_level_4_is_checked_exactly_first_then_as_the_runtime_loads_it(
     seen, sessions, references = [], [], []
     real, real_reference = GraphCheck.__call__, check_module._reference
 
-    def spy(self, session, **kwargs):
+    def spy(self, runner, **kwargs):
+        session = runner.session  # the ORT session the plug-in checks (OrtGraph)
         options = session.get_session_options()
         seen.append((self, str(session._model_path), options, kwargs))
         sessions.append(weakref.ref(session))
-        return real(self, session, **kwargs)
+        return real(self, runner, **kwargs)
 
     def reference(*args, **kwargs):
         references.append(len(args))  # not the args: they hold the session's pool
@@ -91,7 +97,7 @@ def test_level_4_is_checked_exactly_first_then_as_the_runtime_loads_it(
 
     monkeypatch.setattr(GraphCheck, "__call__", spy)
     monkeypatch.setattr(check_module, "_reference", reference)
-    monkeypatch.setattr(engine_stage, "load_onnxruntime_engine", load)
+    monkeypatch.setattr(ort_builder, "load_onnxruntime_engine", load)
     cache = StageCache(tmp_path / "cache")
     target = {"engine": "onnxruntime", "matmul_accuracy_level": 4}
     recipe = write_recipe(tmp_path / "r.yaml", tiny_checkpoint, targets=[target])
@@ -154,8 +160,9 @@ def test_swapped_heads_fail_the_exact_check_of_a_level_4_build(tmp_path, tiny_ch
     session = load_onnxruntime_engine(engine / "model.onnx", record["session_options"])
     graph = onnx.load(str(engine / "model.onnx"), load_external_data=False).graph
     assert "MatMulNBits" in {n.op_type for n in graph.node}
-    assert check_graph(IRLayers(q_dir), session, accuracy="int8_activations")["greedy_match"]
-    del session
+    runner = OrtGraph(session)
+    assert check_graph(IRLayers(q_dir), runner, accuracy="int8_activations")["greedy_match"]
+    del session, runner
 
     # The stage's exact check of the same graph at level 0 catches it; nothing is written.
     target = OnnxRuntimeTarget(engine="onnxruntime", matmul_accuracy_level=4)

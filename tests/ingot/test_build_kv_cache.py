@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from ingot.artifacts import read_manifest
@@ -164,15 +165,21 @@ def test_export_key_holds_the_calibration(built, tmp_path):
 
 def test_engine_perplexity_reads_the_quantized_pool(built):
     # evaluate/engine.py scores an engine through the runtime's pool: 8-bit pools included.
-    from ingot.pipeline.evaluate.engine import engine_perplexity, engine_pool_layout
+    from ingot.pipeline.evaluate.engine import engine_perplexity
+    from ingot.runtime.loader import EngineFiles
 
     windows = np.random.default_rng(0).integers(0, 320, (2, 40))
     ppl = {}
     for dtype, (_, result) in built.items():
         manifest = read_manifest(result.artifact)
-        engine = result.artifact / manifest.engines[0].path
-        assert engine_pool_layout(engine)["dtype"] == np.dtype(kv_numpy(dtype))
-        ppl[dtype] = engine_perplexity(engine, manifest.engines[0].session_options, windows)
+        path = result.artifact / manifest.engines[0].path
+        graph = onnx.load(str(path), load_external_data=False).graph
+        [pool] = [i for i in graph.input if i.name == "k_pool_0"]  # the engine's own input
+        elem = onnx.helper.tensor_dtype_to_np_dtype(pool.type.tensor_type.elem_type)
+        assert elem == np.dtype(kv_numpy(dtype))
+        engine = EngineFiles(manifest.graph, manifest.engines[0], path)
+        assert engine.kv_layout().dtype == elem  # the pool the runtime builds for it
+        ppl[dtype] = engine_perplexity(engine, windows)
     for dtype in ("int8", "fp8"):
         assert ppl[dtype] != ppl["fp32"] and abs(ppl[dtype] / ppl["fp32"] - 1) < 0.05
 

@@ -7,6 +7,7 @@ import pytest
 from onnx import TensorProto
 from torch import nn
 
+from ingot.pipeline.engines import ENGINE_BUILDERS
 from ingot.pipeline.engines.onnxruntime import (
     build_onnxruntime_engine,
     host_cpu_isa,
@@ -169,6 +170,8 @@ def test_loaded_engine_runs_the_int8_kernels(exported, tmp_path):
         )
         session = load_onnxruntime_engine(out / "model.onnx", record["session_options"])
         logits[level] = session.run(["logits"], feed)[0]
+        label = f"MatMulNBits accuracy level {level}, {'int8' if level else 'fp32'} activations"
+        assert ENGINE_BUILDERS.get("onnxruntime").describe(record, out) == label  # report.md's
     np.testing.assert_allclose(logits[4], logits[0], atol=0.2)
     assert np.abs(logits[4] - logits[0]).max() > 1e-4
     np.testing.assert_allclose(logits[0], _run(exported, feed), atol=1e-4)

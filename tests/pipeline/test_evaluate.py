@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ingot.artifacts import EngineInfo, GraphInfo
 from ingot.pipeline.engines.onnxruntime import build_onnxruntime_engine
 from ingot.pipeline.evaluate import (
     EvalGateError,
@@ -18,13 +19,14 @@ from ingot.pipeline.evaluate import (
     perplexity,
     token_windows,
 )
-from ingot.pipeline.evaluate.engine import engine_perplexity, engine_pool_layout
+from ingot.pipeline.evaluate.engine import engine_perplexity
 from ingot.pipeline.evaluate.perplexity import tokenize
 from ingot.pipeline.evaluate.report import perplexity_report, render_markdown
 from ingot.pipeline.export import export_onnx
 from ingot.pipeline.model.load import load_model
 from ingot.pipeline.quantize.apply import quantize_model
 from ingot.pipeline.recipe.quantize import quantize_entry
+from ingot.runtime.loader import EngineFiles
 
 from fixtures import make_checkpoint
 
@@ -117,7 +119,8 @@ def test_the_gate_judges_the_engine_that_ships():
 
 
 def test_markdown_report():
-    text = render_markdown(_report(10.0, 10.5, 10.6))
+    label = "MatMulNBits accuracy level 4, int8 activations"  # the engine's (`describe`)
+    text = render_markdown(_report(10.0, 10.5, 10.6), label)
     assert "| original (float, PyTorch) | 10.0000 | |" in text
     assert "| quantized IR (PyTorch) | 10.5000 | +0.5000 (+5.00%) |" in text
     assert (
@@ -126,15 +129,16 @@ def test_markdown_report():
     ) in text
 
 
-def _engine(model, tmp_path: Path, level: int, kv: str = "fp32") -> tuple[Path, dict]:
-    export_onnx(model, tmp_path / "x", max_seq_len=64, kv_dtype=kv, kv_block_size=8)
+def _engine(model, tmp_path: Path, level: int, kv: str = "fp32") -> EngineFiles:
+    graph = export_onnx(model, tmp_path / "x", max_seq_len=64, kv_dtype=kv, kv_block_size=8)
     record = build_onnxruntime_engine(
         tmp_path / "x" / "model.onnx",
         tmp_path / "e",
         optimization_level="extended",
         matmul_accuracy_level=level,
     )
-    return tmp_path / "e" / "model.onnx", record["session_options"]
+    info = EngineInfo.model_validate(record)
+    return EngineFiles(GraphInfo.model_validate(graph), info, tmp_path / "e" / "model.onnx")
 
 
 @pytest.mark.parametrize("kv", ["fp32", "fp16"])
@@ -144,9 +148,9 @@ def test_engine_perplexity_is_the_irs_at_accuracy_level_0(tmp_path, kv):
     model = load_model(make_checkpoint(tmp_path / "ck", "llama"))
     quantize_model(model, [quantize_entry(INT4)])
     windows = torch.randint(2, 320, (3, 20), generator=torch.Generator().manual_seed(0))
-    engine_file, options = _engine(model, tmp_path, level=0, kv=kv)
-    assert engine_pool_layout(engine_file)["block_size"] == 8
-    ours = engine_perplexity(engine_file, options, windows.numpy())
+    engine = _engine(model, tmp_path, level=0, kv=kv)
+    assert engine.kv_layout().block_size == 8
+    ours = engine_perplexity(engine, windows.numpy())
     # fp16 KV: the engine attends to K/V rounded to fp16, as the runtime stores them.
     assert ours == pytest.approx(perplexity(model, windows), rel=1e-5 if kv == "fp32" else 2e-4)
 
@@ -155,8 +159,7 @@ def test_engine_perplexity_sees_int8_activations(tmp_path):
     model = load_model(make_checkpoint(tmp_path / "ck", "llama"))
     quantize_model(model, [quantize_entry(INT4)])
     windows = torch.randint(2, 320, (3, 20), generator=torch.Generator().manual_seed(0))
-    engine_file, options = _engine(model, tmp_path, level=4)
-    ours = engine_perplexity(engine_file, options, windows.numpy())
+    ours = engine_perplexity(_engine(model, tmp_path, level=4), windows.numpy())
     ir = perplexity(model, windows)
     # random weights, 3 windows: 0.13% apart here; at level 0 it would be 2e-7
     assert ours != pytest.approx(ir, rel=1e-5) and ours == pytest.approx(ir, rel=0.1)

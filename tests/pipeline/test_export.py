@@ -12,7 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from torch import nn
 
-from ingot.pipeline.export import ExportError, check_export, export_onnx
+from ingot.pipeline.engines.onnxruntime.check import check_export
+from ingot.pipeline.export import ExportError, export_onnx
 from ingot.pipeline.model.load import load_model
 from ingot.pipeline.model.qlinear import QuantizedLinear
 from ingot.pipeline.quantize.rtn import quantize_linear_rtn

@@ -10,8 +10,8 @@ from ingot.pipeline.model.llama import causal_mask
 from ingot.pipeline.model.load import load_model
 from ingot.pipeline.model.rope import cos_sin
 from ingot.runtime.batch import build_inputs
+from ingot.runtime.engines.onnxruntime.session import EngineSession
 from ingot.runtime.kv_pool import KVPool
-from ingot.runtime.session import EngineSession
 
 from fixtures import make_checkpoint
 

@@ -14,14 +14,15 @@ import pytest
 import torch
 from onnx import helper, numpy_helper
 
-from ingot.pipeline.export import ExportError, check_export, export_onnx
+from ingot.pipeline.engines.onnxruntime import OrtGraph, session_options
+from ingot.pipeline.engines.onnxruntime.check import check_export
+from ingot.pipeline.export import ExportError, export_onnx
 from ingot.pipeline.export.check import (
     RTOL,
     _compare,
     _reference,
     _run_graph,
     check_graph,
-    session_options,
 )
 from ingot.pipeline.model.layer_source import ModelLayers
 from ingot.pipeline.model.load import CheckpointReader, load_model
@@ -59,8 +60,10 @@ def _model(path, weights="float"):
 
 
 def _session(path, accuracy="exact"):
-    return ort.InferenceSession(
-        str(path), session_options(accuracy), providers=["CPUExecutionProvider"]
+    return OrtGraph(
+        ort.InferenceSession(
+            str(path), session_options(accuracy), providers=["CPUExecutionProvider"]
+        )
     )
 
 
@@ -134,7 +137,7 @@ def test_a_session_built_elsewhere(checkpoints, tmp_path):
     plain = ort.SessionOptions()
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(tmp_path / "opt.onnx"), plain, ["CPUExecutionProvider"])
-    assert check_graph(ModelLayers(model), session)["greedy_match"]
+    assert check_graph(ModelLayers(model), OrtGraph(session))["greedy_match"]
 
 
 # --- wrong graphs --------------------------------------------------------------------------

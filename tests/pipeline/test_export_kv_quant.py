@@ -17,7 +17,8 @@ from onnx import numpy_helper
 
 from ingot.calibration.dataset import CalibrationSet
 from ingot.pipeline.engines.onnxruntime import build_onnxruntime_engine
-from ingot.pipeline.export import ExportError, check_export, export_onnx
+from ingot.pipeline.engines.onnxruntime.check import check_export
+from ingot.pipeline.export import ExportError, export_onnx
 from ingot.pipeline.model.kv_quant import KVScales, attach_kv_scales
 from ingot.pipeline.model.layer_source import ModelLayers
 from ingot.pipeline.model.load import load_model

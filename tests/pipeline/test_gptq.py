@@ -11,7 +11,8 @@ from torch import nn
 
 from ingot.calibration.capture import HessianObserver
 from ingot.calibration.dataset import CalibrationSet
-from ingot.pipeline.export import check_export, export_onnx
+from ingot.pipeline.engines.onnxruntime.check import check_export
+from ingot.pipeline.export import export_onnx
 from ingot.pipeline.model.load import load_model
 from ingot.pipeline.model.qlinear import QuantizedLinear
 from ingot.pipeline.quantize.apply import quantize_model

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ingot.pipeline.engines.onnxruntime import OnnxRuntimeTarget
 from ingot.pipeline.model.config import ConfigError, ModelConfig
 from ingot.pipeline.model.selection import module_selected
 from ingot.pipeline.preflight import check_recipe_against_model
@@ -16,7 +17,6 @@ from ingot.pipeline.recipe import (
     HubSource,
     KvCache,
     LocalSource,
-    OnnxRuntimeTarget,
     Recipe,
     RecipeError,
     load_recipe,

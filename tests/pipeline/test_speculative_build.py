@@ -64,7 +64,7 @@ def cached(result) -> dict[str, bool]:
 def test_draft_model_is_built_into_draft_engines(shared, checkpoints):
     import onnxruntime as ort
 
-    from ingot.pipeline.engines.onnxruntime import load_onnxruntime_engine
+    from ingot.pipeline.engines.onnxruntime import OrtGraph, load_onnxruntime_engine
     from ingot.pipeline.export.check import check_graph
     from ingot.pipeline.quantize.ir_layers import IRLayers
 
@@ -98,7 +98,7 @@ def test_draft_model_is_built_into_draft_engines(shared, checkpoints):
     ir_dir = cache.path("draft-quantize", stages["draft-quantize"].key)
     engine = drafted.engines[0]
     session = load_onnxruntime_engine(result.artifact / engine.path, engine.session_options)
-    report = check_graph(IRLayers(ir_dir), session, accuracy="exact")
+    report = check_graph(IRLayers(ir_dir), OrtGraph(session), accuracy="exact")
     assert report["greedy_match"]
     names = [i.name for i in ort.InferenceSession(str(result.artifact / engine.path)).get_inputs()]
     assert names == [t.name for t in drafted.graph.inputs]

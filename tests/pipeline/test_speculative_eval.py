@@ -20,6 +20,8 @@ from ingot.pipeline.cache import StageCache
 from ingot.pipeline.evaluate import EvalDataError, EvalGateError, speculative_prompts
 from ingot.pipeline.evaluate.speculative import measure_speculation
 from ingot.pipeline.recipe import RecipeError, load_recipe
+from ingot.pipeline.stages.evaluate import engine_files
+from ingot.runtime.loader import DrafterFiles
 
 from fixtures import make_checkpoint, write_recipe
 
@@ -101,10 +103,12 @@ def test_ngram_report_gate_and_cache(models):
     assert 0 <= spec["greedy_match"] <= 4  # reported, not judged
     # Counts only, no clock (back-off and adaptive drafting off): measured again, the same.
     stages = {s.stage: s.key for s in first.stages}
+    export_dir = cache.path("export", stages["export"])
+    engine = engine_files(export_dir, cache.path("engine", stages["engine:onnxruntime-cpu"]))
     again = measure_speculation(
         speculative_prompts(load_recipe(root / "a.yaml"), root / "a.yaml", target),
-        cache.path("engine", stages["engine:onnxruntime-cpu"]),
-        None,
+        engine,
+        DrafterFiles(),  # prompt lookup drafts from the prompt alone
         target / "tokenizer.json",
         max_seq_len=128,
         sliding_window=None,

@@ -14,8 +14,10 @@ import torch
 from torch import nn
 
 from ingot.calibration.dataset import CalibrationSet
+from ingot.pipeline.engines import ENGINE_BUILDERS
 from ingot.pipeline.engines.onnxruntime import build_onnxruntime_engine
-from ingot.pipeline.export import ExportError, check_export, export_onnx
+from ingot.pipeline.engines.onnxruntime.check import check_export
+from ingot.pipeline.export import ExportError, export_onnx
 from ingot.pipeline.export.check import QUANTIZED_INPUTS_RTOL, RTOL
 from ingot.pipeline.model.architecture import scaling_groups
 from ingot.pipeline.model.input_quant import InputQuant
@@ -182,6 +184,10 @@ ENGINE_KERNELS = {
     "w8a8-static-rtn": ("MatMulIntegerToFloat", onnx.TensorProto.INT8),
     "fp8-dynamic": ("MatMul", onnx.TensorProto.FLOAT),
 }
+ENGINE_LABELS = {
+    "w8a8": "no MatMulNBits: integer MatMul, int8 weights and activations",
+    "fp8": "no MatMulNBits: fp32 MatMul, FP8 weights dequantized to fp32 at build",
+}
 
 
 def _initializer_types(path) -> Counter:
@@ -204,6 +210,8 @@ def test_engine_runs_the_intended_kernels(tmp_path, checkpoint, calibration, sch
     assert ops[kernel] >= 4 * layers  # qkv, o, gate_up, down in every layer
     weights = _initializer_types(tmp_path / "engine" / "model.onnx")
     assert weights[weight_type] >= 4 * layers
+    label = ENGINE_BUILDERS.get("onnxruntime").describe(record, tmp_path / "engine")
+    assert label == ENGINE_LABELS[scheme.split("-")[0]]  # eval/report.md's (lm_head float)
     if scheme.startswith("fp8"):
         assert record["build"]["fp8_weights_dequantized"] == 4 * layers
         assert ops["DequantizeLinear"] == ops["QuantizeLinear"] == 4 * layers  # inputs only

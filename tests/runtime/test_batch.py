@@ -2,9 +2,8 @@ import numpy as np
 import pytest
 
 import ingot.runtime.batch as batch_module
-from ingot.runtime.batch import DecodeInputs, build_inputs
+from ingot.runtime.batch import STEP_INPUTS, DecodeInputs, build_inputs
 from ingot.runtime.kv_pool import BlockTable, KVPool
-from ingot.runtime.session import STEP_INPUTS
 
 T, F = True, False
 

@@ -3,14 +3,12 @@ from types import SimpleNamespace
 import pytest
 
 from ingot.artifacts import EngineInfo
-from ingot.runtime.engine_select import (
-    HostInfo,
-    NoCompatibleEngine,
-    select_engine,
-    version_satisfies,
-)
+from ingot.runtime.engine_select import HostInfo, NoCompatibleEngine, select_engine
+from ingot.runtime.engines.base import version_satisfies
 
-HOST = HostInfo("1.31.1", frozenset({"sse4_2", "avx2", "fma"}), "tensorrt is not installed")
+HOST = HostInfo(frozenset({"sse4_2", "avx2", "fma"}), {"onnxruntime": "1.31.1"})
+# A kind the manifest format knows but no runtime plug-in runs (runtime/engines/).
+NO_RUNTIME = "this runtime cannot run tensorrt engines (it runs: onnxruntime)"
 
 
 def _engine(name, engine="onnxruntime", device="cpu", **requires):
@@ -60,7 +58,7 @@ def test_first_compatible_engine_wins_and_skips_are_explained():
     )
     engine, skipped = select_engine(manifest, HOST)
     assert engine.name == "ort-avx2"
-    assert skipped == ["trt-h100: tensorrt is not installed", "ort-avx512: CPU lacks avx512f"]
+    assert skipped == [f"trt-h100: {NO_RUNTIME}", "ort-avx512: CPU lacks avx512f"]
 
 
 def test_no_compatible_engine_lists_every_engine_and_why():
@@ -71,27 +69,31 @@ def test_no_compatible_engine_lists_every_engine_and_why():
         _engine("trt", engine="tensorrt", device="cuda"),
     )
     with pytest.raises(NoCompatibleEngine) as info:
-        select_engine(manifest, HostInfo("1.31.1", frozenset(), "no CUDA device"))
+        select_engine(manifest, HostInfo(frozenset(), {"onnxruntime": "1.31.1"}))
     reasons = info.value.reasons
     assert reasons["old"] == ["needs onnxruntime >=1.20,<1.25, found 1.31.1"]
     assert "cpu only" in reasons["gpu"][0]
     assert reasons["future"] == ["unknown requirements ['needs_magic']"]
-    assert reasons["trt"] == ["no CUDA device"]
+    assert reasons["trt"] == [NO_RUNTIME]
     message = str(info.value)
     assert all(f"- {name}:" in message for name in ("old", "gpu", "future", "trt"))
 
 
 def test_detect_reads_this_host():
-    host = HostInfo.detect(probe_tensorrt=False)
+    host = HostInfo.detect(("onnxruntime",))
     import onnxruntime
 
-    assert host.onnxruntime_version == onnxruntime.__version__
+    assert host.libraries == {"onnxruntime": onnxruntime.__version__}
     engine, _ = select_engine(_manifest(_engine("ort", onnxruntime=">=1.0")), host)
     assert engine.name == "ort"
+    without = HostInfo(host.cpu_flags, {"onnxruntime": None})
+    with pytest.raises(NoCompatibleEngine) as info:
+        select_engine(_manifest(_engine("ort")), without)
+    assert info.value.reasons["ort"] == ["onnxruntime is not installed"]
 
 
-def test_tensorrt_probe_without_tensorrt_or_gpu():
+def test_a_kind_without_a_runtime_plugin_is_skipped_on_this_host():
     manifest = _manifest(_engine("trt", engine="tensorrt", device="cuda"), _engine("ort"))
-    engine, skipped = select_engine(manifest)
+    engine, skipped = select_engine(manifest)  # this host: the libraries the kinds read
     assert engine.name == "ort"
-    assert skipped[0].startswith("trt: ")
+    assert skipped == [f"trt: {NO_RUNTIME}"]

@@ -14,9 +14,10 @@ import pytest
 from ingot.artifacts import ArtifactError, sha256_file, write_manifest
 from ingot.runtime import LoadedModel, SamplingParams
 from ingot.runtime.batch import Batch, build_inputs
+from ingot.runtime.engines.base import SessionError
+from ingot.runtime.engines.onnxruntime.session import EngineSession, open_draft_graph
 from ingot.runtime.kv_pool import KVPool
 from ingot.runtime.model import DEFAULT_KV_CACHE_BYTES
-from ingot.runtime.session import EngineSession, SessionError, open_draft_graph
 
 from fixtures import CHAT_TEMPLATE, write_tokenizer
 

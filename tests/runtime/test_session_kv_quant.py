@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from ingot.runtime.batch import build_inputs
+from ingot.runtime.engines.base import SessionError
+from ingot.runtime.engines.onnxruntime.session import EngineSession
 from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
-from ingot.runtime.session import EngineSession, SessionError
 
 onnx = pytest.importorskip("onnx")  # build-time dependency, used here only to write the graph
 from onnx import TensorProto, helper  # noqa: E402

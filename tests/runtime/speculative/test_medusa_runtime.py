@@ -19,9 +19,9 @@ import pytest
 from ingot.artifacts import read_manifest
 from ingot.runtime import LoadedModel, SamplingParams
 from ingot.runtime.batch import build_inputs
+from ingot.runtime.engines.onnxruntime.session import EngineSession
 from ingot.runtime.kv_pool import KVPool
 from ingot.runtime.scheduler import SequenceState
-from ingot.runtime.session import EngineSession
 from ingot.runtime.speculative import SpeculativeConfig
 from ingot.runtime.speculative.load import make_drafter, resolve_config
 from ingot.runtime.speculative.medusa import MedusaDrafter, MedusaHeads

@@ -19,13 +19,15 @@ import pytest
 from ingot.artifacts import sha256_file, write_manifest
 from ingot.runtime import LoadedModel
 from ingot.runtime.batch import build_inputs
+from ingot.runtime.engines.base import SessionError
+from ingot.runtime.engines.onnxruntime.session import EagleLayerSession, EngineSession
 from ingot.runtime.kv_pool import KVPool
+from ingot.runtime.model import drafter_files
 from ingot.runtime.sampling import SamplingParams
 from ingot.runtime.scheduler import SequenceState
-from ingot.runtime.session import EagleLayerSession, EngineSession, SessionError
 from ingot.runtime.speculative import Speculation, SpeculativeConfig
 from ingot.runtime.speculative.eagle import EagleDraft, EagleDrafter, EagleFc
-from ingot.runtime.speculative.load import draft_bytes_per_block, make_drafter, resolve_config
+from ingot.runtime.speculative.load import make_drafter, resolve_config
 
 from fixtures import write_tokenizer
 from generator_support import V, fake_generator, new_kv, picked_rows
@@ -343,7 +345,8 @@ def test_the_kv_budget_pays_for_the_draft_pool():
     eagle = SimpleNamespace(kv_block_size=16, num_kv_heads=2, head_dim=8)
     manifest = SimpleNamespace(speculative=SimpleNamespace(eagle=eagle))
     config = SpeculativeConfig("eagle")
-    assert draft_bytes_per_block(manifest, config) == 2 * 1 * 16 * 2 * 8 * 4  # K and V, fp32
+    drafter = drafter_files(Path("art"), manifest, "onnxruntime-cpu", config)
+    assert drafter.bytes_per_block() == 2 * 1 * 16 * 2 * 8 * 4  # K and V, fp32
 
 
 # The sessions on tiny graphs (onnx writes them).
@@ -523,7 +526,7 @@ def test_the_artifacts_draft_graphs_propose_through_the_drafter(tmp_path):
     )
     manifest = SimpleNamespace(speculative=SimpleNamespace(eagle=eagle))
     target_pool = KVPool(1, 8, B, HKV, D)
-    draft = EagleDraft.open(tmp_path, manifest, target_pool.num_blocks)
+    draft = EagleDraft.open(tmp_path, manifest.speculative.eagle, target_pool.num_blocks)
     assert isinstance(draft.layer, EagleLayerSession) and isinstance(draft.fc, EagleFc)
     assert (draft.pool.num_layers, draft.pool.num_blocks) == (1, 8)
     drafter = EagleDrafter(draft)

@@ -4,6 +4,9 @@
 `hidden` or `aux_hidden` rows); `EagleLayerSession` runs an EAGLE-3 draft layer, which takes
 a `hidden` input beside the step inputs and returns greedy draft tokens instead of logits.
 Both bind the pool once and write their outputs into reused buffers (`_PagedSession`).
+`open_draft_graph` opens a drafter's small stateless graph (Medusa heads, EAGLE-3 fc). The
+drafters' graphs are portable ONNX shipped beside the engines (draft/heads/, draft/eagle/):
+the runtime runs them with ONNX Runtime whatever engine runs the target.
 """
 
 from __future__ import annotations
@@ -15,35 +18,14 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ingot.runtime.batch import Batch
+from ingot.runtime.batch import STEP_INPUTS, Batch
+from ingot.runtime.engines.base import SessionError
+from ingot.runtime.engines.onnxruntime.buffers import OutputBuffers
+from ingot.runtime.engines.onnxruntime.options import draft_session_options, engine_session_options
 from ingot.runtime.kv_pool import KVPool
 
-__all__ = [
-    "EagleLayerSession",
-    "EngineSession",
-    "SessionError",
-    "draft_session_options",
-    "open_draft_graph",
-    "STEP_INPUTS",
-]
+__all__ = ["EagleLayerSession", "EngineSession", "open_draft_graph"]
 
-_OPT_LEVELS = {
-    "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-}
-# The graph inputs built per call (runtime/batch.py's Batch fields); the pools are bound once.
-# `kv_slots` only in a graph that writes its K/V into the pool itself.
-STEP_INPUTS = (
-    "input_ids",
-    "positions",
-    "block_tables",
-    "context_lens",
-    "attention_mask",
-    "logits_indices",
-    "kv_slots",
-)
 # The pool's numpy dtype -> the pool inputs' ORT type (an fp8 pool is E4M3FN bytes: uint8).
 _ORT_TYPES = {
     np.dtype(np.float32): "tensor(float)",
@@ -51,33 +33,6 @@ _ORT_TYPES = {
     np.dtype(np.int8): "tensor(int8)",
     np.dtype(np.uint8): "tensor(uint8)",
 }
-_FLOAT8E4M3FN = 17  # onnx.TensorProto.FLOAT8E4M3FN (the runtime does not import onnx)
-# An output's ORT type -> (numpy dtype of the buffer it is written into, the element type it is
-# bound with). numpy has no float8: fp8 K/V land in uint8 buffers, bound with the ONNX type.
-_OUTPUT_TYPES = {
-    "tensor(float)": (np.float32, np.float32),
-    "tensor(float16)": (np.float16, np.float16),
-    "tensor(int8)": (np.int8, np.int8),
-    "tensor(int64)": (np.int64, np.int64),  # an EAGLE layer's draft_tokens
-    "tensor(float8e4m3fn)": (np.uint8, _FLOAT8E4M3FN),
-}
-
-
-class SessionError(RuntimeError):
-    """The engine file does not have the graph interface the runtime binds."""
-
-
-def draft_session_options() -> ort.SessionOptions:
-    """Options of a drafter's graph beside the target's session: one thread that does not spin
-    between calls (a second pool of spinning threads would take the cores from the target's
-    calls, and a draft is small enough that one thread runs it about as fast: DraftModel.open),
-    optimized at load: a draft only proposes, the target's verification decides every token,
-    so its rounding moves acceptance, not output."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    return options
 
 
 def open_draft_graph(path: Path | str, what: str, input: str, output: str) -> ort.InferenceSession:
@@ -104,7 +59,7 @@ class _PagedSession:
     ScatterND writes the pool in place. An older graph returns them as `new_{k,v}_{l}` and the
     runtime writes them (KVPool.write). Each call binds the step inputs that are new arrays
     (ORT reads a bound array in place, so one updated in place, as DecodeInputs does, stays
-    bound) and any extra ones, and writes `outputs` into reused buffers (`_OutputBuffers`),
+    bound) and any extra ones, and writes `outputs` into reused buffers (`OutputBuffers`),
     valid until the next call."""
 
     __slots__ = (
@@ -162,7 +117,7 @@ class _PagedSession:
             if self.writes_pool:  # ScatterND's output is the pool itself: written in place
                 fixed.append((f"{kind}_pool_out_{layer}", array))
         per_call = [*outputs, *([] if self.writes_pool else new_kv)]
-        self._outputs = _OutputBuffers(self._session, per_call, fixed)
+        self._outputs = OutputBuffers(self._session, per_call, fixed)
         # The arrays each step input is bound to (held, so no other array can take one's id).
         self._bound: list[np.ndarray | None] = [None] * len(self._inputs)
 
@@ -224,7 +179,7 @@ class EngineSession(_PagedSession):
         hidden: bool = False,
         aux: bool = False,
     ) -> None:
-        options = _session_options(session_options or {})
+        options = engine_session_options(session_options or {})
         if not spinning:
             # Threads that spin after a call take the cores from whatever else the process
             # runs meanwhile: a draft model's session (each keeps a thread pool), a server's
@@ -340,68 +295,3 @@ def _check_interface(
             problems.append(f"input {name!r} is {inputs[name].type}, the pool is {expected}")
     if problems:
         raise SessionError(f"{what} interface mismatch: " + "; ".join(problems))
-
-
-class _OutputBuffers:
-    """numpy arrays ORT writes a call's outputs into, bound while the call's shape (S, Q, N)
-    repeats, as it does every decode step of a steady batch: no allocation, no binding and no
-    copy per step. A new shape allocates and binds new arrays. The `fixed` outputs (the pools
-    a graph writes in place) are bound to their arrays always: again after every rebinding,
-    which clears every output's binding."""
-
-    __slots__ = ("_specs", "_key", "_arrays", "_fixed")
-
-    def __init__(
-        self,
-        session: ort.InferenceSession,
-        names: list[str],
-        fixed: list[tuple[str, np.ndarray]] = (),
-    ) -> None:
-        self._fixed = list(fixed)
-        meta = {o.name: o for o in session.get_outputs()}
-        self._specs = []
-        for name in names:
-            dims = list(meta[name].shape)
-            unknown = [d for d in dims if not isinstance(d, int) and d not in ("S", "Q", "N")]
-            if unknown or meta[name].type not in _OUTPUT_TYPES:
-                raise SessionError(f"output {name!r} is {meta[name].type} {dims}: not bindable")
-            self._specs.append((name, *_OUTPUT_TYPES[meta[name].type], dims))
-        self._key: tuple[int, ...] | None = None
-        self._arrays: list[np.ndarray] = []
-
-    def bind(self, binding: ort.IOBinding, **dims: int) -> list[np.ndarray]:
-        key = tuple(dims.values())
-        if key != self._key:
-            binding.clear_binding_outputs()
-            for name, array in self._fixed:
-                shape = list(array.shape)
-                binding.bind_output(name, "cpu", 0, array.dtype.type, shape, array.ctypes.data)
-            self._arrays = []
-            for name, dtype, element_type, shape in self._specs:
-                concrete = [dims[d] if isinstance(d, str) else d for d in shape]
-                array = np.empty(concrete, dtype)
-                binding.bind_output(name, "cpu", 0, element_type, concrete, array.ctypes.data)
-                self._arrays.append(array)
-            self._key = key
-        return self._arrays
-
-
-def _session_options(recorded: dict[str, Any]) -> ort.SessionOptions:
-    options = ort.SessionOptions()
-    # The graph was optimized at build time; re-optimizing could change the numerics the
-    # artifact was evaluated with, so the recorded level (normally disable_all) is honoured.
-    level = recorded.get("graph_optimization_level", "disable_all")
-    if level not in _OPT_LEVELS:
-        allowed = ", ".join(_OPT_LEVELS)
-        raise SessionError(f"session_options.graph_optimization_level {level!r} not in {allowed}")
-    options.graph_optimization_level = _OPT_LEVELS[level]
-    threads = recorded.get("intra_op_num_threads", 0)
-    if not isinstance(threads, int) or threads < 0:
-        raise SessionError(
-            f"session_options.intra_op_num_threads must be an int >= 0, got {threads!r}"
-        )
-    options.intra_op_num_threads = threads  # 0 = one per physical core
-    unknown = sorted(set(recorded) - {"graph_optimization_level", "intra_op_num_threads"})
-    if unknown:
-        raise SessionError(f"session_options: unknown keys {unknown}")
-    return options

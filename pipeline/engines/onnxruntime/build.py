@@ -13,15 +13,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
-from .fp8_weights import fold_fp8_weights
+import onnxruntime as ort
 
-__all__ = [
-    "build_onnxruntime_engine",
-    "load_onnxruntime_engine",
-    "host_cpu_isa",
-    "ort_optimization_level",
-    "ENGINE_NAME",
-]
+from .fp8_weights import fold_fp8_weights
+from .session import ort_optimization_level
+
+__all__ = ["build_onnxruntime_engine", "host_cpu_isa", "ENGINE_NAME", "MODEL_FILE", "DATA_FILE"]
 
 ENGINE_NAME = "onnxruntime-cpu"
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
@@ -61,19 +58,6 @@ def host_cpu_isa(cpuinfo: str | None = None) -> list[str]:
     return [isa for isa in (*_X86_ISA, *_ARM_ISA) if isa in flags]
 
 
-def ort_optimization_level(name: str) -> Any:
-    """ORT's GraphOptimizationLevel for a recipe's or a record's level name."""
-    import onnxruntime as ort
-
-    levels = ort.GraphOptimizationLevel
-    return {
-        "disable_all": levels.ORT_DISABLE_ALL,
-        "basic": levels.ORT_ENABLE_BASIC,
-        "extended": levels.ORT_ENABLE_EXTENDED,
-        "all": levels.ORT_ENABLE_ALL,
-    }[name]
-
-
 def build_onnxruntime_engine(
     onnx_path: Path,
     out_dir: Path,
@@ -96,8 +80,6 @@ def build_onnxruntime_engine(
     graph, about twice the int4 weights (docs/design.md, section 3). `load_onnxruntime_engine`
     then opens the written engine as the runtime does, for the check.
     """
-    import onnxruntime as ort
-
     if optimization_level not in ("basic", "extended", "all"):
         raise ValueError(
             f"optimization_level: {optimization_level!r} (allowed: basic, extended, all)"
@@ -109,6 +91,29 @@ def build_onnxruntime_engine(
     for stale in (MODEL_FILE, DATA_FILE):  # ORT must not see (or append to) a previous build
         (out_dir / stale).unlink(missing_ok=True)
 
+    options = _optimizing_options(
+        out_dir, optimization_level, intra_op_num_threads, matmul_accuracy_level
+    )
+    # FP8 weights are dequantized here, once (fp8_weights.py: ORT's CPU kernel is scalar).
+    folded_dir = out_dir / ".fp8-folded"  # a dot-name: never part of the stage's digest
+    folded = fold_fp8_weights(Path(onnx_path), folded_dir)
+    source = folded_dir / MODEL_FILE if folded else Path(onnx_path)
+    try:
+        session = ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+        del session  # written; its weights go now
+    finally:
+        shutil.rmtree(folded_dir, ignore_errors=True)
+    if not (out_dir / MODEL_FILE).is_file():
+        raise RuntimeError(f"onnxruntime did not write the optimized model to {out_dir}")
+
+    return _record(optimization_level, intra_op_num_threads, matmul_accuracy_level, folded)
+
+
+def _optimizing_options(
+    out_dir: Path, optimization_level: str, intra_op_num_threads: int, matmul_accuracy_level: int
+) -> ort.SessionOptions:
+    """A session that optimizes at ``optimization_level`` and writes the result to
+    ``out_dir/model.onnx`` (+ ``model.onnx.data``) instead of running."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort_optimization_level(optimization_level)
     # ORT warns that level "all" output is host specific: the record's cpu_isa says so instead.
@@ -127,18 +132,14 @@ def build_onnxruntime_engine(
         "session.qdq_matmulnbits_accuracy_level", str(matmul_accuracy_level)
     )
     options.add_session_config_entry("session.disable_prepacking", "1")  # never runs
-    # FP8 weights are dequantized here, once (fp8_weights.py: ORT's CPU kernel is scalar).
-    folded_dir = out_dir / ".fp8-folded"  # a dot-name: never part of the stage's digest
-    folded = fold_fp8_weights(Path(onnx_path), folded_dir)
-    source = folded_dir / MODEL_FILE if folded else Path(onnx_path)
-    try:
-        session = ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-        del session  # written; its weights go now
-    finally:
-        shutil.rmtree(folded_dir, ignore_errors=True)
-    if not (out_dir / MODEL_FILE).is_file():
-        raise RuntimeError(f"onnxruntime did not write the optimized model to {out_dir}")
+    return options
 
+
+def _record(
+    optimization_level: str, intra_op_num_threads: int, matmul_accuracy_level: int, folded: int
+) -> dict[str, Any]:
+    """The engine's record (engine.json): what a host needs, what the runtime applies, how it
+    was built."""
     major, minor = (int(p) for p in ort.__version__.split(".")[:2])
     return {
         "name": ENGINE_NAME,
@@ -164,17 +165,3 @@ def build_onnxruntime_engine(
         # FP8 weights dequantized at build time (fp8_weights.py), when the graph has any.
         | ({"fp8_weights_dequantized": folded} if folded else {}),
     }
-
-
-def load_onnxruntime_engine(engine_file: Path, session_options: dict[str, Any]) -> Any:
-    """The engine as the runtime opens it (`runtime/session.py`): its recorded session options
-    (no re-optimization), prepacking on. The build checks this session against the IR: it runs
-    the shipped files with the runtime's kernels, int8-activation MatMulNBits included (those
-    need prepacked weights; without prepacking ORT computes them in fp32)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    level = session_options["graph_optimization_level"]
-    options.graph_optimization_level = ort_optimization_level(level)
-    options.intra_op_num_threads = session_options.get("intra_op_num_threads", 0)
-    return ort.InferenceSession(str(engine_file), options, providers=["CPUExecutionProvider"])

@@ -1,0 +1,144 @@
+"""What an engine builder implements, and what the build gives it and asks of it.
+
+An engine is one package here (and its runtime half one under runtime/engines/), registered by
+name in `ENGINE_BUILDERS` (engines/__init__.py); the package defines `PLUGIN`, an
+`EngineBuilder`. Who calls it:
+
+- the recipe: `targets` entries are validated by the registered builders' `target_model`s
+  (recipe/targets.py assembles the discriminated union on ``engine``);
+- the engine stage (stages/engine.py): `build` writes the engine files from the exported
+  graph and returns the record (``engine.json``, the manifest's engine entry), `open` runs the
+  built engine as the runtime will, and the stage checks it against the IR (export/check.py,
+  `GraphCheck`) at the tolerance of its `accuracy`; where that is not exact, it first checks
+  `exact` (the same compiled graph computing exactly) at the exact tolerance;
+- `ingot plan` (plan.py): `estimate` (and `constants`, which ``--json`` shows);
+- the evaluate stage: `describe` (the engine's line in eval/report.md).
+
+The recipe imports every registered builder's package to read its target model, so a package
+must not import the recipe (its target model subclasses `EngineTarget`, not the recipe's base)
+nor the IR check (which imports torch: `build` gets the exported graph's path, the stage runs
+the check on the `GraphRunner`s the plug-in returns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, Protocol
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "Accuracy",
+    "EngineBuilder",
+    "EngineEstimate",
+    "EngineSizing",
+    "EngineTarget",
+    "ExactRun",
+    "GraphRunner",
+    "engine_name",
+]
+
+# How an engine computes, which picks the check's tolerance (export/check.py `RTOL`).
+Accuracy = Literal["exact", "int8_activations"]
+
+
+class EngineTarget(BaseModel):
+    """A recipe ``targets`` entry. An engine's target model subclasses it with ``engine:
+    Literal["<its name>"]``, its devices and its options."""
+
+    # As every recipe section (recipe/base.py `_Strict`): unknown keys refused, no coercion.
+    # Not `_Strict` itself: the recipe imports every engine's target model, so an engine
+    # package must not import the recipe.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    engine: str
+    device: str
+
+
+def engine_name(target: EngineTarget) -> str:
+    """The target's name: its engine stage (``engine:<name>``), its ``engines/<name>/``
+    directory in the artifact and its manifest entry's ``name``."""
+    return f"{target.engine}-{target.device}"
+
+
+class GraphRunner(Protocol):
+    """An engine running the exported graph's interface (docs/design.md, section 4): what the
+    IR check (export/check.py, which knows no engine) runs."""
+
+    @property
+    def inputs(self) -> Mapping[str, tuple[tuple[int | str, ...], str]]:
+        """{name: (shape, numpy dtype name)} of the graph's inputs; symbolic dims as names."""
+        ...
+
+    @property
+    def accuracy(self) -> Accuracy | None:
+        """How it computes where it can tell (None: it cannot), so that a runner computing
+        with int8 activations is not checked as exact by mistake."""
+        ...
+
+    def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every output of the graph, by name, for one call's inputs."""
+        ...
+
+
+class ExactRun(NamedTuple):
+    """The same compiled graph computing exactly, checked before a non-exact engine is built."""
+
+    runner: GraphRunner
+    what: str  # for the error message: "the exact check (<what>) failed"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSizing:
+    """What `ingot plan` knows when it estimates an engine stage."""
+
+    graph_bytes: int  # the exported graph's weights (model.onnx.data)
+    tied_embedding_bytes: int  # the fp32 embedding when lm_head shares it, else 0
+    baseline_bytes: int  # the interpreter and libraries of any stage
+
+
+@dataclass(frozen=True, slots=True)
+class EngineEstimate:
+    peak_bytes: int  # host memory of the stage
+    seconds: float
+    disk_bytes: int  # the engine's files (the stage cache's entry, the artifact's engines/)
+    notes: str = ""
+
+
+class EngineBuilder(Protocol):
+    """The build side of one engine (see the module docstring for who calls what)."""
+
+    name: str  # the recipe's ``targets[].engine``
+    target_model: type[EngineTarget]
+    constants: Mapping[str, float]  # the throughput constants `estimate` uses, by name
+
+    def accuracy(self, target: Any) -> Accuracy:
+        """How the built engine computes: the tolerance its check is held to."""
+        ...
+
+    def exact(self, graph: Path, target: Any) -> ExactRun | None:
+        """For an engine that is not exact: the exported ``graph`` compiled as `build`
+        compiles it but computing exactly (nothing written), checked first with the exact
+        tolerance; None where the engine is exact, or has no such variant."""
+        ...
+
+    def build(self, graph: Path, target: Any, out: Path) -> dict[str, Any]:
+        """Write the engine's files into ``out`` from the exported ``graph`` (model.onnx);
+        return its record (``engine.json``): name, engine, device, path (``engines/<name>/<file>``),
+        requires (what a host needs: the runtime plug-in's `problems` reads it),
+        session_options (what the runtime applies) and build (how it was built)."""
+        ...
+
+    def open(self, out: Path, record: dict[str, Any]) -> GraphRunner:
+        """The engine `build` wrote into ``out``, run as the runtime will run it."""
+        ...
+
+    def estimate(self, target: Any, sizing: EngineSizing) -> EngineEstimate: ...
+
+    def describe(self, record: dict[str, Any], engine_dir: Path) -> str:
+        """How the engine computes, in a few words, for eval/report.md (e.g. "MatMulNBits
+        accuracy level 4, int8 activations")."""
+        ...
