@@ -103,12 +103,8 @@ open(sys.argv[1], "w").write(json.dumps(out))
 def _entry(method: str, bits: int, group_size: int, symmetric: bool) -> Any:
     """The row's quantize entry as a recipe holds it, with the recipe's defaults (GPTQ: act
     order with static groups, true-sequential, ...)."""
-    from ingot.pipeline.recipe.quantize import (
-        AwqQuantize,
-        GptqQuantize,
-        RtnQuantize,
-        quantize_entry,
-    )
+    from ingot.pipeline.quantize.method import QUANT_METHODS
+    from ingot.pipeline.recipe.quantize import quantize_entry
 
     spec: dict[str, Any] = {
         "method": method.removesuffix("-1p"),
@@ -123,8 +119,7 @@ def _entry(method: str, bits: int, group_size: int, symmetric: bool) -> Any:
     if bits in (4, 8):
         return quantize_entry(spec)
     # Recipes allow bits 4 | 8 only; the quantizers take any width, so W3 skips validation.
-    kinds = {"rtn": RtnQuantize, "gptq": GptqQuantize, "awq": AwqQuantize}
-    return kinds[spec["method"]].model_construct(**spec)
+    return QUANT_METHODS.get(spec["method"]).entry.model_construct(**spec)
 
 
 def _code_digest() -> str:
