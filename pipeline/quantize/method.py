@@ -269,6 +269,10 @@ class IntegerMethod(QuantMethod):
     def grid(self, entry: QuantEntry) -> Grid:
         return entry.grid  # an IntegerEntry
 
+    def record(self, entry: QuantEntry) -> dict[str, Any]:
+        """The entry's settings and its grid, also where the method fixes it (no field)."""
+        return {**entry.model_dump(mode="json"), **self.grid(entry)._asdict()}
+
     def describe(self, record: dict[str, Any]) -> str:
         kind = "sym" if record.get("symmetric") else "asym"
         return f"{record['method']} int{record['bits']} g{record['group_size']} {kind}"
