@@ -104,16 +104,13 @@ def inspect(artifact: str, as_json: bool) -> None:
 
 
 def _quantization(q: dict[str, Any]) -> str:
-    if q["method"] == "smoothquant":
-        what = (
-            f"smoothquant W8A8 alpha {q['alpha']}, {q['weights']} int8 weights, "
-            f"{q['activations']} int8 activations"
-        )
-    elif q["method"] == "fp8":
-        what = f"fp8 E4M3 per-{q['weights']} weights, {q['activations']} fp8 activations"
-    else:
-        kind = "sym" if q.get("symmetric") else "asym"
-        what = f"{q['method']} int{q['bits']} g{q['group_size']} {kind}"
+    """A manifest's quantize record in words: its method's own (`QuantMethod.describe`), or
+    the method's name where this install has no such plug-in."""
+    # The plug-ins import no torch: inspect runs on a runtime install.
+    from ingot.pipeline.quantize.method import QUANT_METHODS
+
+    method = q["method"]
+    what = QUANT_METHODS.get(method).describe(q) if method in QUANT_METHODS else method
     return f"{what}: {q['modules']} modules"
 
 

@@ -21,6 +21,7 @@ from .engines import ENGINE_BUILDERS
 from .engines.base import EngineSizing, EngineTarget, engine_name
 from .model.architecture import LAYER_LINEARS, linear_shape
 from .model.config import ConfigError, ModelConfig
+from .quantize.method import LayerCost, LayerWork, Observation, method_of
 from .recipe import Quantize, Recipe, RecipeError
 from .source import OFFLINE_HINT, hub_cached_snapshot, hub_file, read_config_file, read_config_json
 
@@ -57,8 +58,6 @@ CONSTANTS = {
     "chunk_bytes": 64 * 2**20,  # widest intermediate of a calibration forward chunk (x ~4 live)
     # attention once, the MLP's gate/up twice (observing down, then the outputs), down once
     "forward_passes_per_layer": 1.7,
-    "awq_sample_tokens": 4096,
-    "awq_grid": 21,  # 20 scale candidates + plain rounding
     # Each engine plug-in's own, for its `estimate` of the engine stage (ORT's: builder.py).
     **{name: value for builder in ENGINE_BUILDERS for name, value in builder.constants.items()},
 }
@@ -212,7 +211,7 @@ def _model_stages(
         windows = recipe.kv_cache.quantized or (not prefix and recipe.trains_heads())
         if windows and recipe.calibration is not None:
             stages.append(_calibrate(recipe, recipe_path))  # the KV scales' / heads' windows
-        stages.append(_quantize_rtn(shapes, entries, weights))
+        stages.append(_quantize_rounded(shapes, entries, weights))
     onnx_bytes = _quantized_bytes(shapes, entries)
     ir_bytes = _quantized_bytes(shapes, entries, code_bits=8)
     stages.append(_export(shapes, ir_bytes, onnx_bytes))
@@ -370,9 +369,10 @@ def _largest_part(shapes: _Shapes) -> int:
     return max(shapes.layer_params * 5, shapes.embed_params * 4)
 
 
-def _quantize_rtn(shapes: _Shapes, entries: Sequence[Quantize], weights: int) -> StageEstimate:
-    # One layer at a time (quantize/driver.py): read, round, write; then the IR is assembled
-    # tensor by tensor. Reads the weights once, writes the IR twice (layers, then assembled).
+def _quantize_rounded(shapes: _Shapes, entries: Sequence[Quantize], weights: int) -> StageEstimate:
+    # Rounding without data (RTN, FP8), one layer at a time (quantize/driver.py): read, round,
+    # write; then the IR is assembled tensor by tensor. Reads the weights once, writes the IR
+    # twice (layers, then assembled).
     c = CONSTANTS
     ir = _quantized_bytes(shapes, entries, code_bits=8)
     peak = c["runtime_baseline_bytes"] + _largest_part(shapes) + 3 * c["work_chunk_bytes"]
@@ -447,15 +447,15 @@ def _quantize_layerwise(
     budget = budget_from_env()
     spilled = acts > budget // 3  # three stores alive at most, a third of the budget each
     act_bytes = 3 * CONSTANTS["chunk_bytes"] if spilled else 3 * acts
-    methods = {e.method for e in entries}
-    methods |= {"gptq" for e in entries if getattr(e, "weights", None) == "gptq"}  # smoothquant
+    attention = 4 * cal.samples * cal.seq_len**2 * c.num_heads * c.head_dim
+    forward = 2 * shapes.layer_params * tokens + attention
+    costs = _method_costs(entries, LayerWork(tuple(shapes.linears()), tokens, forward))
     widest_in = max(k for _, k in shapes.linears())
-    hessian = widest_in**2 * 4 * 2 if "gptq" in methods else 0
-    # GPTQ also holds the widest linear's inputs over every token twice (the store it observes
-    # and the forward's own intermediate): 1B shape, 32 x 512 tokens, 1.0 GiB of its 3.4 GiB
-    inputs = 2 * tokens * widest_in * 4 if "gptq" in methods else 0
+    hessians = any(Observation.HESSIAN in method_of(e).observes(e) for e in entries)
+    hessian = widest_in**2 * 4 * 2 if hessians else 0
     layer = shapes.layer_params * 4 * 3  # float layer, its quantized form, a dequantized view
-    work = layer + hessian + inputs + 4 * CONSTANTS["chunk_bytes"]
+    held = sum(cost.held_bytes for cost in costs.values())
+    work = layer + hessian + held + 4 * CONSTANTS["chunk_bytes"]
     device = str(getattr(cal, "device", "cpu"))
     on_gpu = device.startswith("cuda")
     # The embedding is read before layer 0 (to embed the calibration tokens) and again when the
@@ -463,25 +463,24 @@ def _quantize_layerwise(
     host = act_bytes + max(shapes.embed_params * 4, shapes.layer_params * 5 if on_gpu else work)
     peak = CONSTANTS["runtime_baseline_bytes"] + host
     flops = CONSTANTS["cuda_flops_per_second" if on_gpu else "batched_flops_per_second"]
-    attention = 4 * cal.samples * cal.seq_len**2 * c.num_heads * c.head_dim
-    forward = 2 * shapes.layer_params * tokens + attention
     per_layer = CONSTANTS["forward_passes_per_layer"] * forward
-    if "gptq" in methods:
-        # Hessians (2 n K^2 per input), Cholesky + inverse (~K^3), the column updates (2 N K^2).
-        inputs = {k for _, k in shapes.linears()}
-        per_layer += sum(2 * tokens * k * k + k**3 for k in inputs)
-        per_layer += sum(2 * n * k * k for n, k in shapes.linears())
-    if "awq" in methods:
-        sample = min(tokens, CONSTANTS["awq_sample_tokens"])
-        per_layer += CONSTANTS["awq_grid"] * 2 * forward * sample / tokens
-        per_layer += sum(10 * 2 * 512 * n * k for n, k in shapes.linears())  # clip search
+    per_layer += sum(cost.flops for cost in costs.values())
     seconds = c.num_layers * per_layer / flops
     where = f"spilled to disk past the {budget / 2**30:.1f} GiB budget" if spilled else "in memory"
     note = (
-        f"{'/'.join(sorted(methods))} layer by layer: one layer {layer / 2**20:.0f} MiB, "
+        f"{'/'.join(sorted(costs))} layer by layer: one layer {layer / 2**20:.0f} MiB, "
         f"activations 3 x {acts / 2**20:.0f} MiB ({where}), Hessians {hessian / 2**20:.0f} MiB"
     )
     return StageEstimate("quantize", int(peak), seconds, note, gpu_bytes=work if on_gpu else 0)
+
+
+def _method_costs(entries: Sequence[Quantize], work: LayerWork) -> dict[str, LayerCost]:
+    """{method: its share of one layer's pass}, each method once (`QuantMethod.layer_costs`:
+    GPTQ's solve, AWQ's searches, and what a method runs on another's behalf)."""
+    costs: dict[str, LayerCost] = {}
+    for entry in entries:
+        costs.update(method_of(entry).layer_costs(entry, work))
+    return costs
 
 
 def _evaluate(shapes: _Shapes, recipe: Recipe) -> StageEstimate | None:

@@ -29,12 +29,8 @@ def quantize_entry_of(method: str, bits: int, group_size: int, symmetric: bool) 
     """The row's quantize entry as a recipe holds it, with the recipe's defaults (GPTQ: act
     order with static groups, true-sequential, ...)."""
     # ingot's recipe models only when a worker quantizes (not for --help).
-    from ingot.pipeline.recipe.quantize import (
-        AwqQuantize,
-        GptqQuantize,
-        RtnQuantize,
-        quantize_entry,
-    )
+    from ingot.pipeline.quantize.method import QUANT_METHODS
+    from ingot.pipeline.recipe.quantize import quantize_entry
 
     spec: dict[str, Any] = {
         "method": method.removesuffix("-1p"),
@@ -49,8 +45,7 @@ def quantize_entry_of(method: str, bits: int, group_size: int, symmetric: bool) 
     if bits in (4, 8):
         return quantize_entry(spec)
     # Recipes allow bits 4 | 8 only; the quantizers take any width, so W3 skips validation.
-    kinds = {"rtn": RtnQuantize, "gptq": GptqQuantize, "awq": AwqQuantize}
-    return kinds[spec["method"]].model_construct(**spec)
+    return QUANT_METHODS.get(spec["method"]).entry.model_construct(**spec)
 
 
 def run(args: argparse.Namespace) -> None:

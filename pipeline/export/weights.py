@@ -129,7 +129,8 @@ def emit_dequantized_weight(g: GraphBuilder, q: QuantizedLinear, name: str) -> s
     if q.fp8:
         return _dequantized_fp8(g, q, name)
     signed = q.codes.dtype == torch.int8
-    if q.codes.dtype not in (torch.int8, torch.uint8) or q.bits not in (4, 8):
+    # Any width the IR's codes hold (one byte each); `_codes` picks the ONNX type.
+    if q.codes.dtype not in (torch.int8, torch.uint8) or not 1 <= q.bits <= 8:
         raise ExportError(f"{name}: unsupported codes {q.codes.dtype} with bits={q.bits}")
     lo, hi = (-(2 ** (q.bits - 1)), 2 ** (q.bits - 1) - 1) if signed else (0, 2**q.bits - 1)
     codes = _numpy(q.codes)
@@ -172,8 +173,9 @@ def _dequantized_fp8(g: GraphBuilder, q: QuantizedLinear, name: str) -> str:
 
 
 def _codes(g: GraphBuilder, name: str, values: np.ndarray, bits: int, signed: bool) -> str:
-    """Codes (a transposed view, one per byte) streamed in row blocks: never copied whole."""
-    if bits == 4:
+    """Codes (a transposed view, one per byte) streamed in row blocks: never copied whole. In
+    the narrowest ONNX integer type that holds the IR's ``bits``: (U)INT4, else (U)INT8."""
+    if bits <= 4:
         return g.int4(name, values, signed)
     return g.rows(name, values.astype(np.int8 if signed else np.uint8, copy=False))
 

@@ -14,18 +14,16 @@ from __future__ import annotations
 from ..model.architecture import linear_names, linear_shape
 from ..model.config import ModelConfig
 from ..model.selection import selected
+from ..quantize.method import Grid, Scheme, method_of
 from ..recipe import Quantize, Recipe
 from ..recipe.errors import format_problem
 from .kv_scheme import KV_SCHEME_FORMATS
 
 __all__ = ["gguf_model_problems", "interop_problems"]
 
-# What only compressed-tensors holds (int-quantized / float-quantized): entries that quantize
-# activations (W8A8 int8) or weights to FP8.
-_CT_ONLY_METHODS = {
-    "smoothquant": "W8A8 (int8 weights and activations)",
-    "fp8": "FP8 weights",
-}
+# compressed-tensors holds every scheme (int-quantized, float-quantized, W8A8 among them); the
+# other formats hold weight-only integer weights.
+_HOLDS_EVERY_SCHEME = "compressed-tensors"
 
 
 def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
@@ -38,14 +36,8 @@ def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     entry_of = {m: i for i, entry in enumerate(recipe.quantize) for m in selected(entry, modules)}
     problems = []
     for j, fmt in enumerate(recipe.interop):
-        if fmt != "compressed-tensors":
-            for i, entry in enumerate(recipe.quantize):
-                if not _integer(entry):
-                    what = (
-                        f"interop {fmt} (interop.{j}) holds weight-only integer quantization, "
-                        f"not {_CT_ONLY_METHODS[entry.method]}; compressed-tensors holds it"
-                    )
-                    problems.append(format_problem(f"quantize.{i}.method", what, entry.method))
+        if fmt != _HOLDS_EVERY_SCHEME:
+            problems += _schemes(j, fmt, recipe)
         if fmt == "awq":
             problems += _awq(recipe, entry_of)
         if fmt == "gptq":
@@ -90,21 +82,34 @@ def gguf_model_problems(cfg: ModelConfig) -> list[str]:
     return problems
 
 
-def _integer(entry: Quantize) -> bool:
-    """A weight-only integer entry (rtn, gptq, awq): the settings the checks below read."""
-    return entry.method not in _CT_ONLY_METHODS
+def _schemes(j: int, fmt: str, recipe: Recipe) -> list[str]:
+    problems = []
+    for i, entry in enumerate(recipe.quantize):
+        scheme = method_of(entry).scheme(entry)
+        if scheme is not Scheme.WEIGHT_ONLY_INT:
+            what = (
+                f"interop {fmt} (interop.{j}) holds {Scheme.WEIGHT_ONLY_INT.value}, "
+                f"not {scheme.value}; {_HOLDS_EVERY_SCHEME} holds it"
+            )
+            problems.append(format_problem(f"quantize.{i}.method", what, entry.method))
+    return problems
 
 
-def _settings(entry: Quantize) -> tuple[int | None, int | None, bool | None]:
-    return entry.bits, entry.group_size, entry.symmetric
+def _grid(entry: Quantize) -> Grid | None:
+    """A weight-only integer entry's grid, the settings the checks below read; None for the
+    other schemes (refused above)."""
+    if method_of(entry).scheme(entry) is not Scheme.WEIGHT_ONLY_INT:
+        return None
+    return method_of(entry).grid(entry)
 
 
 def _awq(recipe: Recipe, entry_of: dict[str, int]) -> list[str]:
     problems = []
     for i, entry in enumerate(recipe.quantize):
-        if not _integer(entry):  # refused above
+        grid = _grid(entry)
+        if grid is None:  # refused above
             continue
-        bits, group_size, symmetric = _settings(entry)
+        bits, group_size, symmetric = grid
         if bits != 4:
             what = "interop awq (GEMM) packs 4-bit weights only"
             problems.append(format_problem(f"quantize.{i}.bits", what, bits, "4"))
@@ -124,7 +129,7 @@ def _awq(recipe: Recipe, entry_of: dict[str, int]) -> list[str]:
 def _gptq(j: int, recipe: Recipe, modules: list[str], entry_of: dict[str, int]) -> list[str]:
     problems = []
     entries = [recipe.quantize[i] for i in set(entry_of.values())]
-    settings = {_settings(e) for e in entries if _integer(e)}
+    settings = {_grid(e) for e in entries} - {None}
     if len(settings) > 1:
         problems.append(
             f"interop.{j}: gptq states one bits / group_size / symmetric for the whole model, "
@@ -145,9 +150,10 @@ def _widths(
     # GPTQ packs K and N, AWQ packs N, into words of 32 / bits values.
     problems = []
     for module, i in entry_of.items():
-        bits = recipe.quantize[i].bits
-        if 32 % bits or not _integer(recipe.quantize[i]):
+        grid = _grid(recipe.quantize[i])
+        if grid is None or 32 % grid.bits:
             continue
+        bits = grid.bits
         per = 32 // bits
         k, n = linear_shape(cfg, module)
         packed = (("N", n), ("K", k)) if fmt == "gptq" else (("N", n),)

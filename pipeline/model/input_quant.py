@@ -53,6 +53,11 @@ class InputQuant:
     def max_value(self) -> float:
         return INT8_MAX if self.dtype == "int8" else FP8_MAX
 
+    def with_peak(self, peak: float) -> InputQuant:
+        """This static scheme calibrated: the scale maps ``peak`` (max |x| over the calibration
+        tokens and channels) to the dtype's largest value."""
+        return InputQuant(self.dtype, True, max(peak, 1e-8) / self.max_value)
+
     def to_dict(self) -> dict[str, object]:
         return {"dtype": self.dtype, "static": self.static, "scale": self.scale}
 

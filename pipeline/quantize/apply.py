@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..model.llama import LlamaModel
-from ..recipe.quantize import Quantize
 from .driver import quantize_in_place
+from .method import QuantEntry
 
 if TYPE_CHECKING:
     from ingot.calibration.dataset import CalibrationSet
@@ -16,11 +16,11 @@ __all__ = ["quantize_model"]
 
 
 def quantize_model(
-    model: LlamaModel, entries: Sequence[Quantize], calibration: CalibrationSet | None = None
+    model: LlamaModel, entries: Sequence[QuantEntry], calibration: CalibrationSet | None = None
 ) -> list[dict[str, Any]]:
     """Replace the selected linears in place; returns one summary per entry for the manifest.
 
     The quantize stage's own driver (`driver.quantize_in_place`), layer by layer over the
-    model: GPTQ and AWQ entries need ``calibration`` (see
+    model: calibrated entries (GPTQ, AWQ, ...) need ``calibration`` (see
     `ingot.calibration.dataset.load_calibration`)."""
     return quantize_in_place(model, entries, calibration)

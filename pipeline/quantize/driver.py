@@ -3,12 +3,14 @@
 `quantize_layers(source, entries, out, work_dir, calibration)` walks the layers of any
 `LayerSource` (the checkpoint read from disk, or a model in memory) once, in order:
 
-- RTN-only recipes need no activations: per layer, load it -> RTN the selected linears
-  (`rtn.quantize_linears_rtn`) -> write the finished layer -> let it go.
-- Recipes with GPTQ / AWQ entries also run layer-sequentially on the calibration windows:
-  layer i is quantized (`layerwise.quantize_layer`) on the activations that the *quantized*
-  layers 0..i-1 produce, then its own quantized outputs become layer i+1's inputs. RTN entries
-  of the same layer are applied first.
+- Recipes whose methods round without data (RTN, FP8 with dynamic or no input scales) need no
+  activations: per layer, load it -> round the selected linears (`layerwise.round_linears`)
+  -> write the finished layer -> let it go.
+- Recipes with calibrated entries (GPTQ, AWQ, SmoothQuant, static FP8 inputs: whatever
+  observes its inputs) also run layer-sequentially on the calibration windows: layer i is
+  quantized (`layerwise.quantize_layer`) on the activations that the *quantized* layers
+  0..i-1 produce, then its own quantized outputs become layer i+1's inputs. The layer's
+  data-free rounding is applied first.
 
 Only one decoder layer's weights are alive at a time, plus (calibrated) at most three
 activation stores: a layer's inputs and two of its attention output, residual stream and
@@ -59,7 +61,6 @@ from ..model.layer_source import LayerSource, ModelLayers
 from ..model.layers import DecoderLayer
 from ..model.llama import LlamaModel
 from ..model.selection import entry_for
-from ..recipe.quantize import Quantize
 from .checkpoint import (
     TensorSource,
     layer_tensor_sources,
@@ -75,8 +76,9 @@ from .layerwise import (
     layer_plan,
     needs_calibration,
     quantize_layer,
+    round_linears,
 )
-from .rtn import ROUNDED_METHODS, quantize_linears_rtn
+from .method import QuantEntry, method_of
 from .summary import summaries
 
 __all__ = ["LayerCheckpoints", "quantize_in_place", "quantize_layers"]
@@ -170,7 +172,7 @@ class _InModel:
 
 def quantize_layers(
     source: LayerSource,
-    entries: Sequence[Quantize],
+    entries: Sequence[QuantEntry],
     out: Path,
     work_dir: Path,
     calibration: CalibrationSet | None = None,
@@ -184,7 +186,7 @@ def quantize_layers(
     Returns one summary per entry (quantize.json, then the manifest).
 
     ``work_dir`` holds the finished layers and spilled activations; it must survive a crash
-    for a rerun to resume. GPTQ / AWQ entries need ``calibration``; they run on ``device``
+    for a rerun to resume. Calibrated entries need ``calibration``; they run on ``device``
     (a resumed run must use the one the first run used), with the activations in memory up to
     ``budget_bytes`` ($INGOT_ACTIVATION_BUDGET_MB) and on disk past it, or always on disk
     (``offload="disk"``)."""
@@ -197,7 +199,7 @@ def quantize_layers(
 
 def quantize_in_place(
     model: LlamaModel,
-    entries: Sequence[Quantize],
+    entries: Sequence[QuantEntry],
     calibration: CalibrationSet | None = None,
     *,
     budget_bytes: int | None = None,
@@ -253,7 +255,7 @@ def _full_float32() -> Iterator[None]:
 
 def _walk(
     source: LayerSource,
-    entries: Sequence[Quantize],
+    entries: Sequence[QuantEntry],
     finished: _Finished,
     calibration: CalibrationSet | None,
     spill_dir: Path | None,
@@ -269,7 +271,9 @@ def _walk(
     with contextlib.ExitStack() as stack:
         if needs_calibration(entries) and last >= 0:
             if calibration is None:
-                raise ValueError("quantize: gptq / awq need calibration data (calibration=...)")
+                raise ValueError(
+                    "quantize: calibrated entries need calibration data (calibration=...)"
+                )
             stack.enter_context(_full_float32())
             acts = _Activations.start(source, calibration, spill_dir, where)
             stack.callback(acts.close)
@@ -288,7 +292,7 @@ def _walk(
 
 def _quantize_one_layer(
     source: LayerSource,
-    entries: Sequence[Quantize],
+    entries: Sequence[QuantEntry],
     finished: _Finished,
     acts: _Activations | None,
     i: int,
@@ -298,24 +302,24 @@ def _quantize_one_layer(
     """Load layer i, quantize it, hand it to ``finished`` (on the CPU); nothing of it outlives
     the call (unless the source keeps it: a model in memory)."""
     layer, plan = source.layer(i), layer_plan(i, entries)
-    quantize_linears_rtn(layer, plan)  # on the CPU, whatever the device
+    round_linears(layer, plan)  # on the CPU, whatever the device
     if acts is not None:
         acts.quantize(i, layer, plan, keep=keep)
     finished.put(i, layer)
 
 
 def _quantize_lm_head(
-    source: LayerSource, entries: Sequence[Quantize], finished: _Finished
+    source: LayerSource, entries: Sequence[QuantEntry], finished: _Finished
 ) -> None:
-    # Outside the decoder layers only uncalibrated rounding (rtn, fp8 without static
-    # activations) applies: the recipe checks refuse the rest.
+    # Outside the decoder layers only rounding without data (RTN, FP8 without static
+    # activations) applies: the recipe checks refuse calibrated entries.
     entry = entry_for(LM_HEAD.name, entries)
-    if entry is None or entry.method not in ROUNDED_METHODS or finished.lm_head_done():
+    if entry is None or finished.lm_head_done():
         return
-    holder = nn.Module()
-    holder.lm_head = source.lm_head()
-    quantize_linears_rtn(holder, {LM_HEAD.name: entry})
-    finished.put_lm_head(holder.lm_head)
+    with torch.no_grad():
+        rounded = method_of(entry).round(source.lm_head(), entry)
+    if rounded is not None:
+        finished.put_lm_head(rounded)
 
 
 @dataclass(slots=True)
@@ -387,7 +391,7 @@ class _Activations:
 
 def _write_ir(
     source: LayerSource,
-    entries: Sequence[Quantize],
+    entries: Sequence[QuantEntry],
     checkpoints: LayerCheckpoints,
     out: Path,
 ) -> list[dict[str, Any]]:

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from ..model.input_quant import FP8_MAX, InputQuant
 from ..model.qlinear import QuantizedLinear
-
-if TYPE_CHECKING:
-    from ..recipe.quantize import Fp8Quantize
 
 __all__ = ["quantize_linear_fp8", "quantize_weight_fp8"]
 
@@ -27,12 +22,12 @@ def quantize_weight_fp8(w: torch.Tensor, per_channel: bool) -> tuple[torch.Tenso
     return codes, scales.contiguous()
 
 
-def quantize_linear_fp8(linear: nn.Linear, entry: Fp8Quantize) -> QuantizedLinear:
-    """The entry's FP8 linear; a static input scale is left for the calibration pass to set."""
-    codes, scales = quantize_weight_fp8(linear.weight.data, entry.weights == "channel")
-    inputs = None
-    if entry.activations != "none":
-        inputs = InputQuant("fp8", static=entry.activations == "static")
+def quantize_linear_fp8(
+    linear: nn.Linear, per_channel: bool, inputs: InputQuant | None = None
+) -> QuantizedLinear:
+    """The FP8 linear (one weight scale per output channel, or per tensor), quantizing its
+    inputs by ``inputs`` (None: weight-only); a static scheme's scale is set later."""
+    codes, scales = quantize_weight_fp8(linear.weight.data, per_channel)
     bias = None if linear.bias is None else linear.bias.data.clone()
     return QuantizedLinear(
         codes, scales, None, bits=8, group_size=linear.in_features, bias=bias, input_quant=inputs

@@ -1,16 +1,23 @@
-"""Calibrated quantization (GPTQ, AWQ, SmoothQuant W8A8, static FP8 inputs) of one
-Llama-family decoder layer.
+"""Calibrated quantization of one Llama-family decoder layer, by the methods of its entries
+(`method.QuantMethod`: GPTQ, AWQ, SmoothQuant W8A8, static FP8 inputs, ...), none named here.
 
 The linears are quantized group by group in the order their inputs are computed:
-q,k,v -> o -> gate,up -> down. With ``true_sequential`` (GPTQ's default) each group is fitted to
-the inputs the already quantized groups before it produce; the layer is then computed in steps
-along that order, keeping what later steps reuse (the attention output before o_proj, the
-residual stream after attention), so the attention runs once. Otherwise (AWQ, or GPTQ with
-``true_sequential: false``) every group's input is observed in one pass over the layer as
-loaded, as llm-compressor and AutoAWQ do. Either way the layer's outputs are bit-identical to
-a plain forward of the finished layer (the same operations on the same chunks), which is what
-a resumed run replays. The driver (`driver.py`) applies the layer's RTN entries before, and
-runs this layer by layer.
+q,k,v -> o -> gate,up -> down. When an entry asks for it (`QuantMethod.sequential`: GPTQ's
+``true_sequential``, its default) each group is fitted to the inputs the already quantized
+groups before it produce; the layer is then computed in steps along that order, keeping what
+later steps reuse (the attention output before o_proj, the residual stream after attention),
+so the attention runs once. Otherwise (AWQ, or GPTQ with ``true_sequential: false``) every
+group's input is observed in one pass over the layer as loaded, as llm-compressor and AutoAWQ
+do. Either way the layer's outputs are bit-identical to a plain forward of the finished layer
+(the same operations on the same chunks), which is what a resumed run replays.
+
+Per group, the walk measures what its entries observe (`Observation`), lets the one method
+that selects every linear of the group fold a scale into the module before it
+(`QuantMethod.scale_group`: AWQ, SmoothQuant), then has each linear's method finish it from
+those observations (`QuantMethod.finish`). Entries of different methods may share a group:
+each finishes its own linears from the same observations. The driver (`driver.py`) rounds
+the linears whose methods need no data beforehand (`round_linears`: RTN, FP8) and runs this
+layer by layer.
 
 Everything here runs on the layer's device (`LayerForward.device`; the driver moves the layer
 there): the chunks arrive there from the activation stores, the observers accumulate there and
@@ -19,7 +26,7 @@ GPTQ / AWQ solve there, so the quantized linears are made on that device.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,42 +37,54 @@ from ingot.calibration.capture import AbsMaxObserver, ChannelObserver, HessianOb
 
 from ..model.architecture import GATE_UP, LAYER_GROUPS, NORM_GROUPS, QKV, scaling_groups
 from ..model.config import ModelConfig
-from ..model.input_quant import InputQuant
 from ..model.layers import DecoderLayer
 from ..model.llama import causal_mask
-from ..model.qlinear import QuantizedLinear, dequantize_in_place, dequantized, replace_module
+from ..model.qlinear import dequantize_in_place, dequantized, replace_module
 from ..model.rope import cos_sin
 from ..model.selection import entry_for
-from ..recipe.quantize import GptqQuantize, Quantize, SmoothQuantQuantize
-from .awq import apply_scales, quantize_linear_awq, search_scales
-from .gptq import quantize_linear_gptq
-from .rtn import quantize_linear_rtn
-from .smoothquant import smoothed_hessian, smoothing_scales
+from .method import CHANNEL_SAMPLE_TOKENS, Group, GroupInputs, Observation, QuantEntry, method_of
 from .threads import solver_threads
 
 __all__ = [
-    "AWQ_SAMPLE_TOKENS",
     "LayerForward",
     "LayerPlan",
     "dequantized_for_propagation",
     "layer_plan",
     "needs_calibration",
     "quantize_layer",
+    "round_linears",
 ]
 
-AWQ_SAMPLE_TOKENS = 4096  # about this many tokens (whole samples) for AWQ's error searches
 _CHUNK_BYTES = 64 * 2**20  # widest intermediate of one forward chunk
 
 
 # {linear name inside a layer: the quantize entry selecting it}, in compute order.
-LayerPlan = dict[str, Quantize]
+LayerPlan = dict[str, QuantEntry]
 
 
-def needs_calibration(entries: Sequence[Quantize]) -> bool:
+def needs_calibration(entries: Sequence[QuantEntry]) -> bool:
     return any(entry.calibrated for entry in entries)
 
 
-def layer_plan(i: int, entries: Sequence[Quantize]) -> LayerPlan:
+def round_linears(module: nn.Module, plan: Mapping[str, QuantEntry]) -> None:
+    """Replace, in place, each linear of ``module`` that ``plan`` ({name inside module: the
+    entry selecting it}) gives an entry whose method rounds without data (`QuantMethod.round`:
+    RTN, FP8) by the rounded linear; the others are left to the walk. The one place such
+    rounding is applied: to a decoder layer's linears and to lm_head alike. (An FP8 entry with
+    static activations gets its input scale later, in the walk.)"""
+    with torch.no_grad():
+        for name, entry in plan.items():
+            linear = module.get_submodule(name)
+            if not isinstance(linear, nn.Linear):
+                raise ValueError(
+                    f"{name}: {entry.method} rounds a float linear, found {type(linear).__name__}"
+                )
+            rounded = method_of(entry).round(linear, entry)
+            if rounded is not None:
+                replace_module(module, name, rounded)
+
+
+def layer_plan(i: int, entries: Sequence[QuantEntry]) -> LayerPlan:
     """Which entry quantizes each linear of layer i (the recipe checks allow one)."""
     plan = {}
     for group in LAYER_GROUPS:
@@ -133,10 +152,10 @@ def quantize_layer(
     returns the quantized layer's outputs (a store from ``new_store(name, shape)``), or None
     without ``outputs`` (the last layer: its outputs feed nothing).
 
-    True-sequentially when a GPTQ entry of the plan asks for it (the default); otherwise
+    True-sequentially when an entry of the plan asks for it (GPTQ's default); otherwise
     every group is observed on the layer as loaded, in one pass."""
     step = _Steps(layer, plan, forward, cfg, x.shape[0], x.shape[1])
-    if any(isinstance(e, GptqQuantize) and e.true_sequential for e in plan.values()):
+    if any(method_of(e).sequential(e) for e in plan.values()):
         return _true_sequential(step, x, new_store, outputs)
     return _observe_once(step, x, new_store, outputs)
 
@@ -184,7 +203,7 @@ def _true_sequential(step: _Steps, x: ActivationStore, new_store, outputs: bool)
         return input_of(layer.attn.o_proj, lambda: layer.attn(xs, *forward.rope_and_mask))
 
     step.fill(attn, attention)
-    if step.quantize(o, attn.read):  # AWQ folded 1/s into v_proj: the attention changed
+    if step.quantize(o, attn.read):  # a scale folded into v_proj (AWQ): the attention changed
         step.fill(attn, attention)
     resid = new_store("resid", (n, t, cfg.hidden_size))  # the residual stream after attention
     step.fill(resid, lambda a, b: x.read(a, b) + layer.attn.o_proj(attn.read(a, b)))
@@ -227,6 +246,15 @@ class _Observed:
             if observer is not None:
                 observer(x)
 
+    def inputs(self) -> GroupInputs:
+        channels = self.channels
+        return GroupInputs(
+            hessian=None if self.hessian is None else self.hessian.hessian(),
+            mean_abs=None if channels is None else channels.mean_abs(),
+            samples=None if channels is None else channels.sample(),
+            act_max=None if self.absmax is None else self.absmax.channel_max(),
+        )
+
 
 @dataclass(slots=True)
 class _Steps:
@@ -260,17 +288,17 @@ class _Steps:
         chosen = self._chosen(group)
         if not chosen:
             return None
-        entries = [self.plan[n] for n in chosen]
-        methods = {e.method for e in entries}
+        wanted = Observation.NONE
+        for name in chosen:
+            wanted |= method_of(self.plan[name]).observes(self.plan[name])
         width = self.layer.get_submodule(group[0]).in_features  # the group shares one input
         device = self.forward.device  # where the layer runs, and its inputs are
-        gptq = "gptq" in methods or any(_gptq_weights(e) for e in entries)
-        hessian = HessianObserver(width, device) if gptq else None
+        hessian = HessianObserver(width, device) if Observation.HESSIAN in wanted else None
         channels = None
-        if "awq" in methods:
-            channels = ChannelObserver(width, self.samples, self.seq_len, AWQ_SAMPLE_TOKENS, device)
-        # Activation ranges: SmoothQuant's scales, and static input scales (smoothquant, fp8).
-        absmax = AbsMaxObserver(width, device) if methods & {"smoothquant", "fp8"} else None
+        if Observation.CHANNELS in wanted:
+            tokens = CHANNEL_SAMPLE_TOKENS
+            channels = ChannelObserver(width, self.samples, self.seq_len, tokens, device)
+        absmax = AbsMaxObserver(width, device) if Observation.ABSMAX in wanted else None
         return _Observed(width, hessian, channels, absmax)
 
     @staticmethod
@@ -286,73 +314,46 @@ class _Steps:
         return self.finish(group, observed)
 
     def finish(self, group: tuple[str, ...], observed: _Observed | None) -> bool:
-        """Quantize the group's calibrated linears from what was observed. True when an AWQ
-        scale was folded into the module before the group."""
+        """Quantize the group's calibrated linears from what was observed. True when a scale
+        was folded into the module before the group (its input changed)."""
         if observed is None:
             return False
-        x, scale = None, None
         with torch.no_grad(), solver_threads(observed.width):
-            if observed.channels is not None:
-                x = observed.channels.sample()  # [S * T, K]
-                scale = self._awq_scale(group, observed.channels, x)
-                if scale is not None:
-                    x = x / scale  # what the scaled linears now receive
-            h = None if observed.hessian is None else observed.hessian.hessian()
-            act_max = None if observed.absmax is None else observed.absmax.channel_max()  # [K]
-            smooth = self._smooth(group, act_max)
-            if smooth is not None:
-                act_max = act_max / smooth  # the ranges of what the smoothed linears receive
-                h = None if h is None else smoothed_hessian(h, smooth)
+            inputs = observed.inputs()
+            scale = self._scale(group, inputs)
+            if scale is not None:
+                inputs = inputs.scaled(scale)  # what the scaled linears now receive
             for name in self._chosen(group):
-                linear, entry = self.layer.get_submodule(name), self.plan[name]
-                if not isinstance(linear, QuantizedLinear):  # fp8's weights are rounded already
-                    linear = _quantize_one(linear, name, entry, h, x)
-                    replace_module(self.layer, name, linear)
-                if act_max is not None:
-                    _set_input_scale(linear, entry, act_max)
+                entry, linear = self.plan[name], self.layer.get_submodule(name)
+                quantized = method_of(entry).finish(linear, name, entry, inputs)
+                replace_module(self.layer, name, quantized)
         return scale is not None
 
-    def _smooth(self, group: tuple[str, ...], act_max: torch.Tensor | None) -> torch.Tensor | None:
-        """Fold SmoothQuant's scales into the norm before ``group`` and return them; None when
-        the group is not smoothed (not fed by a norm: o_proj, down_proj; or not all of its
-        linears smoothquant entries with one alpha)."""
+    def _scale(self, group: tuple[str, ...], inputs: GroupInputs) -> torch.Tensor | None:
+        """The scale the method selecting every linear of the group folds in before it
+        (`QuantMethod.scale_group`); None when it folds none, or when the group's linears are
+        not all selected by entries of one method."""
         entries = [self.plan.get(n) for n in group]
-        if act_max is None or not all(isinstance(e, SmoothQuantQuantize) for e in entries):
+        if None in entries or len({e.method for e in entries}) != 1:
             return None
-        alphas = {e.alpha for e in entries}
-        norm_name = {linears: norm for norm, linears in NORM_GROUPS}.get(group)
-        if len(alphas) != 1 or None in alphas or norm_name is None:
-            return None
-        norm = self.layer.get_submodule(norm_name)
-        linears = [self.layer.get_submodule(n) for n in group]
-        s = smoothing_scales(act_max, [m.weight.data for m in linears], alphas.pop())
-        apply_scales(norm, linears, s)
-        return s
-
-    def _awq_scale(
-        self, group: tuple[str, ...], channels: ChannelObserver, x: torch.Tensor
-    ) -> torch.Tensor | None:
-        """Search the group's AWQ scale and fold it in; None when the group is not scaled
-        (GQA for v -> o, or a linear of the group not selected by AWQ)."""
-        prev = {linears: prev for prev, linears in scaling_groups(self.cfg)}.get(group)
-        if prev is None or any(n not in self.plan or self.plan[n].method != "awq" for n in group):
-            return None
-        linears = [self.layer.get_submodule(n) for n in group]
-        samples = x.view(-1, self.seq_len, x.shape[-1])  # [S, T, K]: whole sequences
-        s = search_scales(
-            channels.mean_abs(),
-            [m.weight.data for m in linears],
-            [self.plan[n].quantizer for n in group],
-            _inspected_output(self.layer, group, samples, self.forward),
+        layer, forward = self.layer, self.forward
+        group_view = Group(
+            layer,
+            group,
+            tuple(entries),
+            inputs,
+            prev={linears: prev for prev, linears in scaling_groups(self.cfg)}.get(group),
+            norm={linears: norm for norm, linears in NORM_GROUPS}.get(group),
+            seq_len=self.seq_len,
+            inspect=lambda x: _inspected_output(layer, group, x, forward),
         )
-        apply_scales(self.layer.get_submodule(prev), linears, s)
-        return s
+        return method_of(entries[0]).scale_group(group_view)
 
 
 def _inspected_output(layer: DecoderLayer, group: tuple[str, ...], x: torch.Tensor, forward):
-    """output(ws): what AWQ's scale search compares, with the group's linears holding ``ws``:
-    the attention block's output for q,k,v, the MLP's for gate,up, else the linear's own.
-    x: [S, T, K] the group's input on the sample sequences."""
+    """output(ws): what a scale search compares (AWQ's), with the group's linears holding
+    ``ws``: the attention block's output for q,k,v, the MLP's for gate,up, else the linear's
+    own. x: [S, T, K] the group's input on the sample sequences."""
     linears = [layer.get_submodule(n) for n in group]
 
     def module() -> torch.Tensor:
@@ -373,48 +374,3 @@ def _inspected_output(layer: DecoderLayer, group: tuple[str, ...], x: torch.Tens
                 m.weight = w
 
     return output
-
-
-def _gptq_weights(entry: Quantize) -> bool:
-    return isinstance(entry, SmoothQuantQuantize) and entry.weights == "gptq"
-
-
-def _set_input_scale(linear: QuantizedLinear, entry: Quantize, act_max: torch.Tensor) -> None:
-    """The input scheme of a W8A8 linear, and the scale of a static one: max |x| over the
-    calibration tokens and channels, mapped to the dtype's largest value."""
-    if isinstance(entry, SmoothQuantQuantize):
-        scheme = InputQuant("int8", static=entry.activations == "static")
-    else:
-        scheme = linear.input_quant
-    if scheme is not None and scheme.static:
-        peak = float(act_max.max())
-        scheme = InputQuant(scheme.dtype, True, max(peak, 1e-8) / scheme.max_value)
-    linear.set_input_quant(scheme)
-
-
-def _quantize_one(linear: nn.Linear, name: str, entry: Quantize, hessian, x) -> QuantizedLinear:
-    if isinstance(entry, SmoothQuantQuantize):  # int8 symmetric per-channel weights
-        if entry.weights == "rtn":
-            return quantize_linear_rtn(linear, *entry.quantizer)
-        return _gptq(linear, hessian, *entry.quantizer, GptqQuantize.model_construct())
-    bits, group_size, symmetric = entry.quantizer
-    common = {"bits": bits, "group_size": group_size, "symmetric": symmetric}
-    if isinstance(entry, GptqQuantize):
-        return _gptq(linear, hessian, bits, group_size, symmetric, entry)
-    return quantize_linear_awq(linear, x, name=name, **common)
-
-
-def _gptq(linear, hessian, bits: int, group_size: int, symmetric: bool, options: GptqQuantize):
-    """GPTQ with ``options``' settings (a smoothquant entry passes GPTQ's defaults)."""
-    return quantize_linear_gptq(
-        linear,
-        hessian,
-        bits=bits,
-        group_size=group_size,
-        symmetric=symmetric,
-        actorder=options.actorder,
-        static_groups=options.static_groups,
-        dampening_frac=options.dampening_frac,
-        block_size=options.block_size,
-        group_scales=options.group_scales,
-    )

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from ..model.qlinear import QuantizedLinear
-from .fp8 import quantize_linear_fp8
-
-if TYPE_CHECKING:
-    from ..recipe.quantize import Quantize
 
 __all__ = [
-    "ROUNDED_METHODS",
     "quantize_weight",
     "quantize_linear_rtn",
-    "quantize_linears_rtn",
     "integer_range",
     "round_to_codes",
 ]
@@ -104,30 +95,6 @@ def quantize_linear_rtn(
     g = linear.in_features if group_size == -1 else group_size
     bias = None if linear.bias is None else linear.bias.data.clone()
     return QuantizedLinear(codes, scales, zeros, bits=bits, group_size=g, bias=bias)
-
-
-ROUNDED_METHODS = ("rtn", "fp8")  # weights rounded without calibration data, before the walk
-
-
-def quantize_linears_rtn(module: nn.Module, plan: Mapping[str, Quantize]) -> None:
-    """Replace, in place, each linear of ``module`` that ``plan`` ({name inside module: the
-    entry selecting it}) gives an rtn or fp8 entry by its round-to-nearest QuantizedLinear;
-    other entries are left to their own quantizers. The one place RTN is applied: to a decoder
-    layer's linears and to lm_head alike. (An fp8 entry with static activations gets its input
-    scale later, from the calibration pass.)"""
-    with torch.no_grad():
-        for name, entry in plan.items():
-            if entry.method not in ROUNDED_METHODS:
-                continue
-            parent_name, _, child = name.rpartition(".")
-            parent = module.get_submodule(parent_name) if parent_name else module
-            linear = getattr(parent, child)
-            if not isinstance(linear, nn.Linear):
-                raise ValueError(f"{name}: RTN needs a float linear, found {type(linear).__name__}")
-            if entry.method == "fp8":
-                setattr(parent, child, quantize_linear_fp8(linear, entry))
-            else:
-                setattr(parent, child, quantize_linear_rtn(linear, *entry.quantizer))
 
 
 def mse_scales(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["smoothing_scales", "smoothed_hessian"]
+__all__ = ["smoothing_scales"]
 
 _FLOOR = 1e-5
 
@@ -24,9 +24,3 @@ def smoothing_scales(
     w_max = torch.cat([w.float().abs() for w in weights]).amax(0).clamp_min(_FLOOR)  # [K]
     s = act_max.float().pow(alpha) / w_max.pow(1 - alpha)
     return s.clamp_min(_FLOOR)
-
-
-def smoothed_hessian(hessian: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """The Hessian of the smoothed inputs x / s: H_ij / (s_i s_j), [K, K]."""
-    inv = 1.0 / s
-    return hessian * inv[:, None] * inv[None, :]

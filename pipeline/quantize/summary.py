@@ -6,13 +6,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..model.selection import selected
-from ..recipe.quantize import Quantize
+from .method import QuantEntry, method_of
 
 __all__ = ["summaries"]
 
 
-def summaries(entries: Sequence[Quantize], names: Iterable[str]) -> list[dict[str, Any]]:
-    """One record per entry: its settings as the recipe states them, plus how many of the
-    linears `names` it selects (written to quantize.json, then the manifest)."""
+def summaries(entries: Sequence[QuantEntry], names: Iterable[str]) -> list[dict[str, Any]]:
+    """One record per entry: what its method records of it (`QuantMethod.record`: the settings
+    as the recipe states them), plus how many of the linears `names` it selects (written to
+    quantize.json, then the manifest)."""
     names = list(names)
-    return [{**e.model_dump(mode="json"), "modules": len(selected(e, names))} for e in entries]
+    return [{**method_of(e).record(e), "modules": len(selected(e, names))} for e in entries]

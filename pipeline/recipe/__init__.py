@@ -18,14 +18,7 @@ from .evaluate import Evaluate, Perplexity, SpeculativeEval
 from .export import Export, KvCache
 from .interop import InteropFormat
 from .load import load_recipe
-from .quantize import (
-    AwqQuantize,
-    Fp8Quantize,
-    GptqQuantize,
-    Quantize,
-    RtnQuantize,
-    SmoothQuantQuantize,
-)
+from .quantize import Quantize
 from .recipe import STAGES, Recipe, recipe_json_schema
 from .source import HubSource, LocalSource, Source
 from .speculative import (
@@ -45,7 +38,6 @@ from .targets import Target
 __all__ = [
     "Artifact",
     "ArtifactSign",
-    "AwqQuantize",
     "Calibration",
     "Draft",
     "DraftModelSpeculative",
@@ -57,8 +49,6 @@ __all__ = [
     "MedusaTrain",
     "Evaluate",
     "Export",
-    "Fp8Quantize",
-    "GptqQuantize",
     "HubSource",
     "InteropFormat",
     "KvCache",
@@ -68,8 +58,6 @@ __all__ = [
     "Recipe",
     "RecipeError",
     "Quantize",
-    "RtnQuantize",
-    "SmoothQuantQuantize",
     "STAGES",
     "Source",
     "Speculative",

@@ -8,21 +8,17 @@ failing an hour into a build. `pipeline/preflight.py` runs these with the intero
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import get_args
 
-from ..model.architecture import NORM_GROUPS, dim_label, dim_size, layer_linear, linear_names
+from ..model.architecture import dim_label, dim_size, layer_linear, linear_names
 from ..model.config import ModelConfig
 from ..model.selection import pattern_matches, selected
+from ..quantize.fields import GROUP_SIZES
+from ..quantize.method import method_of
 from .errors import format_problem
-from .quantize import Quantize, RtnQuantize
+from .quantize import Quantize
 from .recipe import Recipe
 
 __all__ = ["model_problems", "quantize_problems"]
-
-# Group sizes a recipe may ask for (besides -1): the Literal of the field, not a second copy.
-_GROUP_SIZES = tuple(
-    g for g in get_args(RtnQuantize.model_fields["group_size"].annotation) if g > 0
-)
 
 
 def model_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
@@ -44,7 +40,7 @@ def quantize_problems(entries: Sequence[Quantize], cfg: ModelConfig, path: str) 
         if not chosen and not pattern_problems:
             problems.append(f"{at}: selects no module (its ignore covers its targets)")
         problems += _check_group_size(at, entry, chosen, cfg)
-        problems += _check_smoothing_groups(at, entry, chosen, cfg)
+        problems += method_of(entry).model_problems(at, entry, chosen, cfg)
         if entry.calibrated and "lm_head" in chosen:
             problems.append(
                 f"{at}.ignore: {entry.method} quantizes decoder-layer linears only "
@@ -77,8 +73,10 @@ def _check_patterns(at: str, entry: Quantize, modules: list[str]) -> list[str]:
 
 def _check_group_size(at: str, entry: Quantize, chosen: list[str], cfg: ModelConfig) -> list[str]:
     # Groups run along a weight's input dimension, so the group size must divide the input
-    # width of every selected module. Methods without groups (fp8, later) have no group_size.
-    group_size = getattr(entry, "group_size", -1)
+    # width of every selected module. Entries without an integer grid (FP8, W8A8's one scale
+    # per channel) have no groups.
+    grid = method_of(entry).grid(entry)
+    group_size = -1 if grid is None else grid.group_size
     if group_size <= 0:
         return []
     in_dims = {layer_linear(m).in_dim for m in chosen}
@@ -86,34 +84,12 @@ def _check_group_size(at: str, entry: Quantize, chosen: list[str], cfg: ModelCon
     bad = [f"{label} {width}" for label, width in widths.items() if width % group_size]
     if not bad:
         return []
-    fitting = [g for g in _GROUP_SIZES if all(w % g == 0 for w in widths.values())]
+    fitting = [g for g in GROUP_SIZES if all(w % g == 0 for w in widths.values())]
     use = ", ".join(str(g) for g in [*fitting, -1])
     return [
         f"{at}.group_size: {group_size} does not divide {' and '.join(bad)} "
         f"of the source model (use one of: {use})"
     ]
-
-
-def _check_smoothing_groups(
-    at: str, entry: Quantize, chosen: list[str], cfg: ModelConfig
-) -> list[str]:
-    # SmoothQuant folds one scale per channel into the norm before q,k,v (gate,up): every
-    # linear reading that norm must take it, so an entry that smooths selects whole groups.
-    if entry.method != "smoothquant" or entry.alpha is None:
-        return []
-    picked = set(chosen)
-    for i in range(cfg.num_layers):
-        for norm, group in NORM_GROUPS:
-            names = [f"layers.{i}.{n}" for n in group]
-            missing = [n for n in names if n not in picked]
-            if missing and len(missing) < len(names):
-                return [
-                    f"{at}.targets: smoothquant folds one scale into {norm} for "
-                    f"{', '.join(group)} together, and selects {len(names) - len(missing)} of "
-                    f"them in layer {i} (missing {missing[0]}); select the whole group or set "
-                    "alpha: null (no smoothing)"
-                ]
-    return []
 
 
 def _check_overlaps(path: str, selected_by: dict[str, list[int]]) -> list[str]:

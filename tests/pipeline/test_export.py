@@ -36,6 +36,7 @@ SCHEMES = {
     "int4-g64-asym": (4, 64, False),
     "int4-perchannel-sym": (4, -1, True),
     "int8-g32-asym": (8, 32, False),
+    "int3-g32-asym": (3, 32, False),  # any width the IR records: stored as UINT4
 }
 
 
@@ -165,7 +166,16 @@ def test_exports_are_byte_identical(checkpoints, tmp_path):
 
 @pytest.mark.parametrize(
     "bits,group_size,symmetric",
-    [(4, 32, True), (4, 32, False), (8, -1, True), (4, -1, False), (8, 16, False)],
+    [
+        (4, 32, True),
+        (4, 32, False),
+        (8, -1, True),
+        (4, -1, False),
+        (8, 16, False),
+        (2, -1, True),
+        (3, 32, False),
+        (6, 16, True),
+    ],
 )
 def test_dequantize_linear_is_bitwise_the_ir_dequantize(
     checkpoints, tmp_path, bits, group_size, symmetric
@@ -188,7 +198,7 @@ def test_dequantize_linear_is_bitwise_the_ir_dequantize(
             (4, False): TensorProto.UINT4,
             (8, True): TensorProto.INT8,
             (8, False): TensorProto.UINT8,
-        }[(bits, symmetric)]
+        }[(4 if bits <= 4 else 8, symmetric)]  # the narrowest type holding the IR's bits
         assert weight_type == expected_type
         (dq_out,) = ReferenceEvaluator(_single_dq(node, proto.graph.initializer)).run(
             None, dict(zip(node.input, tensors, strict=True))

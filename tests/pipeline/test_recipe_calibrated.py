@@ -10,14 +10,11 @@ import pytest
 from ingot.pipeline.interop.checks import interop_problems
 from ingot.pipeline.model.config import ModelConfig
 from ingot.pipeline.preflight import check_recipe_against_model
-from ingot.pipeline.recipe import (
-    AwqQuantize,
-    Fp8Quantize,
-    GptqQuantize,
-    RecipeError,
-    SmoothQuantQuantize,
-    load_recipe,
-)
+from ingot.pipeline.quantize.methods.awq import AwqQuantize
+from ingot.pipeline.quantize.methods.fp8 import Fp8Quantize
+from ingot.pipeline.quantize.methods.gptq import GptqQuantize
+from ingot.pipeline.quantize.methods.smoothquant import SmoothQuantQuantize
+from ingot.pipeline.recipe import RecipeError, load_recipe
 
 CALIBRATION = "calibration: {dataset: calib.txt, samples: 16, seq_len: 64}\n"
 MODEL_CONFIG = {
