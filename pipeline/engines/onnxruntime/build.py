@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 import onnxruntime as ort
 
-from .fp8_weights import fold_fp8_weights
 from .session import ort_optimization_level
 
 __all__ = ["build_onnxruntime_engine", "host_cpu_isa", "ENGINE_NAME", "MODEL_FILE", "DATA_FILE"]
@@ -96,6 +95,10 @@ def build_onnxruntime_engine(
     )
     # FP8 weights are dequantized here, once (fp8_weights.py: ORT's CPU kernel is scalar).
     folded_dir = out_dir / ".fp8-folded"  # a dot-name: never part of the stage's digest
+    # onnx (a build-only package) loads when an engine is built, not when a recipe names
+    # this engine's target
+    from .fp8_weights import fold_fp8_weights
+
     folded = fold_fp8_weights(Path(onnx_path), folded_dir)
     source = folded_dir / MODEL_FILE if folded else Path(onnx_path)
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import onnx
 import onnxruntime as ort
 
 from ..base import Accuracy, EngineEstimate, EngineSizing, ExactRun
@@ -94,6 +93,8 @@ class OnnxRuntimeBuilder:
         """The accuracy level of its MatMulNBits where the engine has any (ORT fuses int4 /
         int8 weight-only linears into them); else its integer MatMuls (W8A8); else what its
         fp32 MatMuls compute on (FP8 weights are folded to fp32 at build: fp8_weights.py)."""
+        import onnx  # build-only: a recipe that names this engine loads this module without it
+
         engine_file = engine_dir / Path(record["path"]).name
         graph = onnx.load(str(engine_file), load_external_data=False).graph
         ops = {node.op_type for node in graph.node}
