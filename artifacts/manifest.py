@@ -182,9 +182,13 @@ class EngineInfo(_Strict):
     """One built engine and what a host needs to run it."""
 
     name: str = Field(description="unique target name, e.g. onnxruntime-cpu")
-    # "tensorrt" is a reserved kind: no build stage writes one yet, and the runtime
-    # (runtime/engine_select.py) recognizes it and skips it, saying why.
-    engine: Literal["onnxruntime", "tensorrt"]
+    # The kind names the runtime plug-in that runs it (runtime/engines/<kind>/): an open set,
+    # so a new engine needs no change to the format. A runtime without that plug-in skips the
+    # engine, saying why (runtime/engine_select.py); "tensorrt" is reserved, built by no stage.
+    engine: str = Field(
+        pattern=r"^[a-z][a-z0-9_]*$",
+        description="engine kind: onnxruntime, or another engine plug-in's name",
+    )
     device: str = Field(description="cpu, cuda, ...")
     path: str = Field(description="relative path of the engine file")
     requires: dict[str, Any] = Field(
