@@ -18,15 +18,16 @@ __all__ = ["LLM", "SamplingParams", "build"]
 
 def __getattr__(name: str) -> Any:
     if name == "build":
-        from ingot.pipeline.build import build
+        from ingot.pipeline.build import build  # torch: only a build install has it
 
         return build
     if name == "LLM":
+        # the runtime (onnxruntime) loads when asked for: `import ingot` and the CLI stay light
         from ingot.llm import LLM
 
         return LLM
     if name == "SamplingParams":
-        from ingot.runtime.sampling import SamplingParams
+        from ingot.runtime.sampling import SamplingParams  # the runtime, as for LLM
 
         return SamplingParams
     raise AttributeError(f"module 'ingot' has no attribute {name!r}")
