@@ -6,7 +6,10 @@
     from ingot import LLM, SamplingParams
     outputs = LLM("out/demo").generate(["The os module"], SamplingParams(max_tokens=32))
 
-Names resolve lazily so that the runtime install (no torch) can ``import ingot``.
+This directory is the top layer: the CLI (cli*.py) and the offline `LLM` (llm.py), which may
+import every other package (common <- artifacts <- runtime <- calibration <- pipeline <-
+ingot); nothing imports them back. Names resolve lazily so that the runtime install (no
+torch) can ``import ingot``.
 """
 
 from __future__ import annotations
