@@ -1,6 +1,9 @@
 """ingot artifacts: the on-disk format of a compiled model and its verification.
 
-Imports only the stdlib, numpy and pydantic: the production runtime depends on it.
+The production runtime depends on it: imports ingot.common (of ingot), the standard library,
+numpy and pydantic; requests and oras only in the registry modules (registry_client.py,
+oci.py, loaded when a registry is named), model_signing only when signing or verifying a
+signature.
 """
 
 from ingot.artifacts.digest import sha256_bytes, sha256_file

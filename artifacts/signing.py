@@ -74,7 +74,7 @@ def verify_signature(root: Path | str, public_key: Path | str) -> None:
         raise ArtifactError(f"{signature}: not a regular file (links are refused)")
     if not public_key.is_file():
         raise ArtifactError(f"{public_key}: no such public key file")
-    from model_signing import verifying
+    from model_signing import verifying  # slow import (sigstore); only when verifying
 
     try:
         config = verifying.Config().use_elliptic_key_verifier(public_key=public_key)

@@ -34,9 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from ingot.artifacts.digest import sha256_file
 from ingot.common.errors import IngotError
+from ingot.runtime.tokenizer import TextTokenizer
 
 __all__ = [
     "DATA_EXTENSIONS",
@@ -145,7 +147,7 @@ def read_documents(
 
     ``render_chat(messages) -> str`` renders a field of chat messages; None refuses them.
     """
-    import datasets
+    import datasets  # heavy (pyarrow, fsspec): loads only when a dataset is read
 
     datasets.disable_progress_bars()
     where = str(source.files[0]) if len(source.files) == 1 else source.dataset
@@ -247,8 +249,6 @@ class CalibrationSet:
         }
 
     def save(self, out: Path) -> None:
-        from safetensors.numpy import save_file
-
         save_file({"tokens": self.tokens}, str(out / _TOKENS_FILE))
         meta = {
             "indices": self.indices,
@@ -260,8 +260,6 @@ class CalibrationSet:
 
     @classmethod
     def load(cls, path: Path) -> CalibrationSet:
-        from safetensors.numpy import load_file
-
         meta = json.loads((path / _META_FILE).read_text())
         tokens = load_file(str(path / _TOKENS_FILE))["tokens"]
         return cls(tokens, meta["indices"], meta["dataset_digest"], meta["windows"], meta["files"])
@@ -280,8 +278,6 @@ def load_calibration(
     Raises CalibrationError naming the file for unreadable or too-small data; this runs before
     any model work, so a bad dataset costs seconds.
     """
-    from ingot.runtime.tokenizer import TextTokenizer
-
     source = resolve_dataset(calibration["dataset"])
     tokenizer = TextTokenizer(tokenizer_file, chat_template, *special_tokens)
 

@@ -16,6 +16,7 @@ import click
 
 from ingot.cli_errors import UserError, report
 from ingot.cli_speculative import SPECULATIVE_HELP, SpeculativeConfigParam
+from ingot.progress import StageProgress
 
 __all__ = ["main"]
 
@@ -48,10 +49,9 @@ def main(debug: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print path, digest and stages as JSON.")
 def build(recipe_path: str, out: str | None, cache_dir: str | None, as_json: bool) -> None:
     """Build the artifact a recipe describes."""
+    # torch and the build's packages load when a build runs, not for `ingot --help`
     from ingot.pipeline.build import build as run_build
     from ingot.pipeline.cache import StageCache
-
-    from .progress import StageProgress
 
     with StageProgress(enabled=not as_json) as progress:  # stopped before errors print
         result = run_build(
@@ -76,7 +76,7 @@ def build(recipe_path: str, out: str | None, cache_dir: str | None, as_json: boo
 @click.option("--json", "as_json", is_flag=True)
 def inspect(artifact: str, as_json: bool) -> None:
     """Show an artifact's manifest: model, quantization, engines, files."""
-    from ingot.artifacts import read_manifest
+    from ingot.artifacts import read_manifest  # pydantic: loads when the command runs
 
     manifest = read_manifest(Path(artifact))  # ArtifactError: a user error
     if as_json:
@@ -106,7 +106,7 @@ def inspect(artifact: str, as_json: bool) -> None:
 def _quantization(q: dict[str, Any]) -> str:
     """A manifest's quantize record in words: its method's own (`QuantMethod.describe`), or
     the method's name where this install has no such plug-in."""
-    # The plug-ins import no torch: inspect runs on a runtime install.
+    # Loads when inspect runs; the plug-ins import no torch: inspect runs on a runtime install.
     from ingot.pipeline.quantize.method import QUANT_METHODS
 
     method = q["method"]
@@ -170,6 +170,7 @@ def _echo_speculative(manifest) -> None:
 )  # fmt: skip
 def verify(artifact: str, verify_key: str | None) -> None:
     """Check every file of an artifact against its manifest (exit 1 on any mismatch)."""
+    # the artifact modules (pydantic) load when the command runs, not for `ingot --help`
     from ingot.artifacts import manifest_digest, verify_artifact
     from ingot.artifacts.signing import verify_signature
 
@@ -184,7 +185,7 @@ def verify(artifact: str, verify_key: str | None) -> None:
 @main.command()
 def schema() -> None:
     """Print the recipe JSON Schema."""
-    from ingot.pipeline.recipe import recipe_json_schema
+    from ingot.pipeline.recipe import recipe_json_schema  # pydantic: when the command runs
 
     click.echo(json.dumps(recipe_json_schema(), indent=2, sort_keys=True))
 
@@ -211,6 +212,7 @@ def generate(
     speculative_config: dict[str, Any] | bool | None,
 ) -> None:
     """Generate text from an artifact (greedy at temperature 0)."""
+    # the runtime (onnxruntime, numpy, pydantic) loads when the command runs
     from ingot.artifacts import ArtifactError
     from ingot.runtime import LoadedModel, SamplingParams
 

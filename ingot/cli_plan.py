@@ -37,6 +37,7 @@ def register(main: click.Group) -> None:
     ) -> None:
         """Estimate peak memory and time per stage (from config.json and the recipe only),
         and check RAM, GPU memory and disk against this machine."""
+        # torch (the plan's model sizes) loads when the command runs, not for `ingot --help`
         from ingot.pipeline.cache import StageCache
         from ingot.pipeline.plan import format_bytes, format_seconds, plan_build, read_hf_config
         from ingot.pipeline.recipe import load_recipe

@@ -1,7 +1,8 @@
 """`ingot push`, `ingot pull` and `ingot sign`: artifacts in OCI registries, and signatures.
 
-Imports stay inside the commands: `ingot pull` runs in an init container with the runtime
-install only.
+The artifact modules are imported inside the commands: requests, oras and model_signing (a
+slow import) load only when a command that needs them runs, not for `ingot --help` or
+another command.
 """
 
 from __future__ import annotations
@@ -12,20 +13,13 @@ from pathlib import Path
 import click
 
 from ingot.cli_errors import UserError
+from ingot.common.errors import IngotError
 
 __all__ = ["register"]
 
 _INSECURE_HELP = (
     "Plain HTTP to a registry that is not on this machine (loopback registries always use it)."
 )
-
-
-def _user_errors() -> tuple[type[Exception], ...]:
-    from ingot.artifacts import ArtifactError
-    from ingot.artifacts.reference import InvalidReference
-    from ingot.artifacts.registry_client import RegistryError
-
-    return ArtifactError, RegistryError, InvalidReference
 
 
 def register(main: click.Group) -> None:
@@ -37,11 +31,12 @@ def register(main: click.Group) -> None:
     def push(artifact: str, reference: str, insecure: bool, as_json: bool) -> None:
         """Verify ARTIFACT and push it to REFERENCE (oci://HOST[:PORT]/REPO:TAG) as a CNCF
         ModelPack artifact. Prints the manifest digest to pin in production."""
+        # requests and oras load when the command runs (the module docstring says why)
         from ingot.artifacts.oci import push as run_push
 
         try:
             result = run_push(artifact, reference, insecure=insecure)
-        except _user_errors() as e:
+        except IngotError as e:  # a bad artifact, reference or registry
             raise UserError(f"push of {artifact} failed: {e}") from e
         if as_json:
             click.echo(json.dumps(result.to_json()))
@@ -66,13 +61,14 @@ def register(main: click.Group) -> None:
         """Pull REFERENCE (oci://HOST[:PORT]/REPO:TAG or …@sha256:DIGEST) into the local store
         ($INGOT_STORE_DIR, default ~/.cache/ingot) and lay it out as a verified artifact
         directory. Interrupted pulls resume; nothing unverified is left at --out."""
+        # requests and oras (with --verify-key, model_signing) load when the command runs
         from ingot.artifacts.oci import pull as run_pull
         from ingot.artifacts.signing import verify_signature
 
         check = (lambda root: verify_signature(root, verify_key)) if verify_key else None
         try:
             result = run_pull(reference, out=out, insecure=insecure, check=check)
-        except _user_errors() as e:
+        except IngotError as e:  # a bad artifact, reference or registry
             raise UserError(f"pull of {reference} failed: {e}") from e
         if as_json:
             click.echo(json.dumps(result.to_json()))
@@ -89,10 +85,11 @@ def register(main: click.Group) -> None:
     def sign(artifact: str, key: str) -> None:
         """Sign ARTIFACT's manifest.json into ARTIFACT/model.sig (sigstore model_signing,
         key-based, offline). The manifest lists every file's sha256, so this covers them all."""
+        # model_signing (sigstore: a slow import) loads when the command runs
         from ingot.artifacts.signing import sign_artifact
 
         try:
             signature = sign_artifact(Path(artifact), Path(key))
-        except _user_errors() as e:
+        except IngotError as e:  # a bad artifact, reference or registry
             raise UserError(f"signing {artifact} failed: {e}") from e
         click.echo(f"signed  {signature}")

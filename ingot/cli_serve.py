@@ -10,6 +10,7 @@ import click
 
 from ingot.cli_errors import UserError
 from ingot.cli_speculative import SPECULATIVE_HELP, SpeculativeConfigParam
+from ingot.common.errors import IngotError
 
 __all__ = ["register"]
 
@@ -144,9 +145,9 @@ def serve(
 ) -> None:
     """Serve an artifact over HTTP with OpenAI's API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /metrics) and vLLM's /tokenize, /detokenize, /version."""
+    # The runtime (onnxruntime, numpy, pydantic) loads when the server starts, not for
+    # `ingot --help` or another command.
     from ingot.artifacts import ArtifactError, read_manifest
-    from ingot.artifacts.reference import InvalidReference
-    from ingot.artifacts.registry_client import RegistryError
     from ingot.artifacts.resolve import resolve_artifact
     from ingot.artifacts.signing import check_signature
     from ingot.runtime.kv_pool import KVCacheTooSmall
@@ -161,7 +162,7 @@ def serve(
         check_signature(artifact, verify_key=verify_key)  # before anything is loaded
         manifest = read_manifest(Path(artifact))
         name = served_model_name or manifest.name
-    except (ArtifactError, RegistryError, InvalidReference) as e:
+    except IngotError as e:  # a bad artifact, reference or registry
         raise UserError(f"refusing to serve {artifact}: {e}") from e
     try:  # before the server starts: a bad config is the user's flag, not a load failure
         resolve_config(manifest, options["speculative_config"])
@@ -183,6 +184,7 @@ def serve(
 
 def _read_chat_template(path: Path) -> str:
     """The template in `path`, checked to compile in the sandbox the server renders it in."""
+    # the runtime loads when the command runs, as in `serve`
     from ingot.runtime.tokenizer import ChatTemplateError, check_chat_template
 
     try:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ingot.artifacts.resolve import resolve_artifact
 from ingot.runtime.generate import DEFAULT_MAX_NUM_SEQS, Completion
 from ingot.runtime.kv_pool import KVCacheTooSmall
 from ingot.runtime.model import LoadedModel
@@ -55,8 +56,6 @@ class RequestOutput:
 def resolve_model(model: str | Path) -> Path:
     """The local artifact directory for `model`. The one place a model reference is resolved:
     registry references (oci://...) are pulled into the local store here."""
-    from ingot.artifacts.resolve import resolve_artifact
-
     return resolve_artifact(model)
 
 

@@ -16,6 +16,7 @@ class StageProgress:
 
     def __enter__(self) -> StageProgress:
         if self.enabled:
+            # rich (a build extra) loads only on a terminal: --json and CI logs skip it
             from rich.console import Console
 
             self._console = Console(stderr=True)

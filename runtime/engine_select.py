@@ -8,13 +8,14 @@ naming the kinds it has.
 from __future__ import annotations
 
 from ingot.artifacts import EngineInfo, Manifest
+from ingot.common.errors import IngotError
 from ingot.runtime.engines import ENGINE_RUNTIMES
 from ingot.runtime.engines.base import HostInfo
 
 __all__ = ["HostInfo", "NoCompatibleEngine", "select_engine"]
 
 
-class NoCompatibleEngine(RuntimeError):
+class NoCompatibleEngine(IngotError, RuntimeError):
     """No engine in the artifact can run on this host; `reasons` maps engine name -> why."""
 
     def __init__(self, reasons: dict[str, list[str]]) -> None:

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from ingot.runtime.kv_pool import BlockAllocator
+from ingot.runtime.block_allocator import BlockAllocator
 
 __all__ = ["PrefixCache", "chain_hashes"]
 

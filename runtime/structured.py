@@ -51,7 +51,7 @@ class StructuredOutput:
     any_whitespace: bool = True
 
     def __post_init__(self) -> None:
-        import llguidance
+        import llguidance  # on first use: requests without a constraint never load it
 
         # Without a tokenizer: what can be refused before the request reaches the generator.
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.grammar())
@@ -61,7 +61,7 @@ class StructuredOutput:
 
     def grammar(self) -> str:
         """The llguidance grammar (its JSON text) of this constraint."""
-        import llguidance
+        import llguidance  # on first use: requests without a constraint never load it
 
         kind, spec = self.kind, self.spec
         if kind not in get_args(StructuredOutputKind):
@@ -109,7 +109,7 @@ class Matcher:
     __slots__ = ("_matcher", "_vocab_size")
 
     def __init__(self, tokenizer: llguidance.LLTokenizer, structured: StructuredOutput) -> None:
-        import llguidance
+        import llguidance  # on first use: requests without a constraint never load it
 
         self._matcher = llguidance.LLMatcher(tokenizer, structured.grammar(), log_level=0)
         if self._matcher.is_error():
@@ -174,7 +174,7 @@ def ll_tokenizer(
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit[1]
-    import llguidance
+    import llguidance  # on first use: requests without a constraint never load it
 
     built = llguidance.LLTokenizer(backend.to_str(), n_vocab=n_vocab, eos_token=eos or None)
     with _CACHE_LOCK:

@@ -94,7 +94,7 @@ import numpy as np
 import torch
 
 from ..engines.base import Accuracy, GraphRunner
-from ..model.kv_quant import KVQuant, dequantize_kv, quantize_kv
+from ..model.kv_rounding import KVQuant, dequantize_kv, quantize_kv
 from ..model.layer_source import LayerSource
 from ..model.llama import causal_mask
 from ..model.qlinear import dequantized

@@ -57,7 +57,8 @@ import torch
 from onnx import TensorProto, helper
 
 from ..model.config import ModelConfig
-from ..model.kv_quant import KVQuant, KVQuantLayers, KVScales
+from ..model.kv_quant import KVQuantLayers, KVScales
+from ..model.kv_rounding import KVQuant
 from ..model.layer_source import LayerSource, ModelLayers
 from ..model.llama import LlamaModel
 from ..model.rope import inv_frequencies

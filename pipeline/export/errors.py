@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ingot.common.errors import IngotError
+
 __all__ = ["ExportError"]
 
 
-class ExportError(ValueError):
+class ExportError(IngotError, ValueError):
     """The model cannot be exported as asked, or the exported graph disagrees with the IR."""

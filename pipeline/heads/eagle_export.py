@@ -32,13 +32,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper
+
+from ingot.runtime.batch import STEP_INPUTS, build_inputs
+from ingot.runtime.kv_pool import KVPool
 
 from ..export.decoder import IR_VERSION, OPSET, attention, mlp, norm, shared_tensors
 from ..export.graph import GraphBuilder
 from ..export.weights import emit_linear
 from ..model.eagle3 import Eagle3Draft
+from ..model.llama import causal_mask
+from ..model.rope import cos_sin
 
 __all__ = ["FC_FILE", "MODEL_FILE", "check_eagle", "export_eagle"]
 
@@ -134,11 +140,6 @@ def check_eagle(
     pool of garbage-filled, permuted blocks, and compare with the torch draft over the whole
     sequence: fc's hidden and every row's prenorm within 1e-4 of the largest |value|, the
     greedy tokens equal but at near-ties. Raises ValueError otherwise; returns the report."""
-    import onnxruntime as ort
-
-    from ingot.runtime.batch import STEP_INPUTS, build_inputs
-    from ingot.runtime.kv_pool import KVPool
-
     cfg = draft.cfg
     t = int(ids.shape[0])
     options = ort.SessionOptions()
@@ -195,9 +196,6 @@ def _torch_reference(
     draft: Eagle3Draft, ids: torch.Tensor, hidden: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """The torch draft over one whole sequence: (logits [T, Vd], prenorm [T, H], kv)."""
-    from ..model.llama import causal_mask
-    from ..model.rope import cos_sin
-
     t = int(ids.shape[0])
     positions = torch.arange(t)[None]  # [1, T]
     cos, sin = cos_sin(draft.cfg.layer, positions)

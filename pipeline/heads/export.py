@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
@@ -79,8 +80,6 @@ def export_heads(heads: MedusaHeadsModel, out: Path) -> None:
 def check_heads(heads: MedusaHeadsModel, onnx_file: Path, hidden: torch.Tensor) -> dict[str, Any]:
     """Run the graph on ``hidden`` [n, H] and compare its tokens with the torch heads';
     raises ValueError on a mismatch that is not a near-tie. Returns the report."""
-    import onnxruntime as ort
-
     session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
     rows = hidden.float().numpy()
     got = session.run(["draft_tokens"], {"hidden": rows})[0]  # [n, K]

@@ -71,9 +71,8 @@ def write_compressed_tensors(
 ) -> None:
     """Write `model` (the IR) to `out`; with `kv_scales` (fp8), the KV cache scheme too
     (kv_scheme.py)."""
-    from compressed_tensors.compressors.model_compressors.model_compressor import (
-        ModelCompressor,
-    )
+    # compressed-tensors (a 2 s import) loads only when a recipe asks for its format
+    from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.config import CompressionFormat
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus
 
@@ -141,6 +140,7 @@ def _key(name: str, q: QuantizedLinear, grouped: dict[tuple[int, bool], int]) ->
 
 
 def _scheme(key: _Key, targets: list[str]):
+    # compressed-tensors (a 2 s import) loads only when a recipe asks for its format
     from compressed_tensors.compressors.format import infer_module_format
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
@@ -183,6 +183,7 @@ def _compress(name: str, q: QuantizedLinear, scheme) -> dict[str, torch.Tensor]:
 
 
 def _pack(name: str, q: QuantizedLinear, scheme) -> dict[str, torch.Tensor]:
+    # compressed-tensors (a 2 s import) loads only when a recipe asks for its format
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
     from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
 
@@ -201,7 +202,7 @@ def _pack(name: str, q: QuantizedLinear, scheme) -> dict[str, torch.Tensor]:
 
 def _naive(name: str, q: QuantizedLinear, scheme) -> dict[str, torch.Tensor]:
     """int8 / FP8 weights stored as they are (int-, float- and naive-quantized)."""
-    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.compressors import BaseCompressor  # only for this format, as above
 
     scale = q.scales.clone()  # [N, 1]
     if scheme.weights.strategy == "tensor":

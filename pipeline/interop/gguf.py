@@ -69,7 +69,7 @@ _SPLIT_REGEXES = {
 
 
 def write_gguf(model: LlamaModel, source: Path, out: Path) -> None:
-    import gguf
+    import gguf  # a build extra: loads only when a recipe asks for a GGUF file
 
     cfg = model.cfg
     problems = gguf_model_problems(cfg)
@@ -225,7 +225,7 @@ def _llama3_rope_factors(cfg: ModelConfig) -> np.ndarray:
 
 
 def _hyperparameters(writer, cfg: ModelConfig) -> None:
-    import gguf
+    import gguf  # a build extra: loads only when a recipe asks for a GGUF file
 
     writer.add_quantized_by("ingot")
     writer.add_vocab_size(cfg.vocab_size)
@@ -254,7 +254,7 @@ class _Vocab:
 
 def _vocab(source: Path, cfg: ModelConfig) -> _Vocab:
     """The checkpoint's byte-level BPE vocabulary as llama.cpp's "gpt2" tokenizer model."""
-    import gguf
+    import gguf  # a build extra: loads only when a recipe asks for a GGUF file
 
     file = source / "tokenizer.json"
     if not file.is_file():
@@ -337,7 +337,7 @@ def _is_byte_level(step: dict[str, Any] | None, use_regex: bool) -> bool:
 
 
 def _tokenizer(writer, vocab: _Vocab, source: Path, cfg: ModelConfig) -> None:
-    import gguf
+    import gguf  # a build extra: loads only when a recipe asks for a GGUF file
 
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(vocab.pre)

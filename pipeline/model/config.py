@@ -8,12 +8,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ingot.common.errors import IngotError
+
 from .family import MODEL_FAMILIES, ModelFamily
 
 __all__ = ["ModelConfig", "RopeConfig", "ConfigError"]
 
 
-class ConfigError(ValueError):
+class ConfigError(IngotError, ValueError):
     """The checkpoint's config.json describes something the IR cannot represent."""
 
 

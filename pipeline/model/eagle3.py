@@ -35,6 +35,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from ingot.common.errors import IngotError
+
 from .config import ConfigError, ModelConfig
 from .families.llama import PLUGIN as LLAMA
 from .head_checkpoint import check_tensors, read_config, read_tensors
@@ -58,7 +60,7 @@ _EMBEDDING = "embed_tokens.weight"
 _UNSUPPORTED = ("norm_before_fc", "fc_norm", "norm_output")  # vLLM variants with extra norms
 
 
-class Eagle3Error(ValueError):
+class Eagle3Error(IngotError, ValueError):
     """An EAGLE-3 checkpoint that cannot serve this target; the message names the file."""
 
 

@@ -11,17 +11,14 @@ decoder's matching table (export/decoder.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .architecture import has_bias, layer_linear, linear_shape
 from .config import ModelConfig
+from .kv_rounding import KVQuant
 from .rope import apply_rotary
-
-if TYPE_CHECKING:
-    from .kv_quant import KVQuant
 
 __all__ = ["ACTIVATIONS", "NORMS", "RMSNorm", "Attention", "MLP", "DecoderLayer", "make_norm"]
 
@@ -65,7 +62,7 @@ class Attention(nn.Module):
         self.k_proj = _linear(cfg, "attn.k_proj")
         self.v_proj = _linear(cfg, "attn.v_proj")
         self.o_proj = _linear(cfg, "attn.o_proj")
-        # A quantized KV cache (kv_quant.py): K and V are rounded to the pool's codes before
+        # A quantized KV cache (kv_rounding.py): K and V are rounded to the pool's codes before
         # anything attends to them. None: the pool keeps them as computed (fp32).
         self.kv_quant: KVQuant | None = None
 

@@ -21,6 +21,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from ingot.common.errors import IngotError
+
 from .architecture import lm_head_source
 from .config import ModelConfig
 from .layers import DecoderLayer, make_norm
@@ -29,7 +31,7 @@ from .llama import LlamaModel
 __all__ = ["load_model", "weight_files", "CheckpointError", "CheckpointReader"]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(IngotError, ValueError):
     """The checkpoint's weight files are missing, unsafe or do not fit the config."""
 
 

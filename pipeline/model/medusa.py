@@ -24,6 +24,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ingot.common.errors import IngotError
+
 from .head_checkpoint import check_tensors, read_config, read_tensors
 
 __all__ = [
@@ -38,7 +40,7 @@ __all__ = [
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
 
-class MedusaError(ValueError):
+class MedusaError(IngotError, ValueError):
     """A Medusa checkpoint that cannot serve this target; the message names the file."""
 
 

@@ -43,6 +43,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ingot.common.errors import IngotError
+
 from ..model.qlinear import QuantizedLinear
 from .rtn import mse_scales, quantize_weight, round_to_codes
 from .threads import solver_threads
@@ -55,7 +57,7 @@ GroupScales = Literal["best", "minmax", "mse"]
 _DAMPING_RETRIES = 3
 
 
-class GptqError(ValueError):
+class GptqError(IngotError, ValueError):
     """The Hessian stayed singular even after extra damping."""
 
 

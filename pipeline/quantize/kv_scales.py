@@ -26,7 +26,8 @@ from torch import nn
 from ingot.calibration.activations import ActivationSpace, ActivationStore, budget_from_env
 from ingot.calibration.dataset import CalibrationSet
 
-from ..model.kv_quant import KV_QMAX, KVDtype, KVQuant, KVScales
+from ..model.kv_quant import KVScales
+from ..model.kv_rounding import KV_QMAX, KVDtype, KVQuant
 from ..model.layer_source import LayerSource
 from ..model.qlinear import dequantized
 from .layerwise import LayerForward

@@ -7,6 +7,10 @@ A recipe has one section per concern, each in its own module here: `source` (sou
 load.py reads a recipe file and errors.py turns validation errors into one line per problem.
 Every model forbids unknown keys and is strict (base.py). Checks that need the source model's
 config live in checks.py (run by pipeline/preflight.py).
+
+Imports ingot.common, the plug-in registries and their torch-free interfaces (pipeline.engines,
+pipeline/quantize/method.py and fields.py, pipeline/model's config.py, architecture.py and
+selection.py), pydantic and yaml; never torch or onnx (tests/pipeline/test_quant_plugin.py).
 """
 
 from __future__ import annotations

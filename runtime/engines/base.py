@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from ingot.artifacts import EngineInfo, GraphInfo
+from ingot.common.errors import IngotError
 from ingot.runtime.batch import Batch
 from ingot.runtime.kv_pool import KVLayout, KVPool
 
@@ -36,7 +37,7 @@ __all__ = [
 _SPEC = re.compile(r"^\s*(>=|<=|==|!=|>|<)?\s*(\d+(?:\.\d+)*)\s*$")
 
 
-class SessionError(RuntimeError):
+class SessionError(IngotError, RuntimeError):
     """The engine file does not have the graph interface the runtime binds."""
 
 

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from ingot.cli import main
-from ingot.cli_errors import INTERNAL_ERROR_EXIT, USER_ERROR_EXIT, USER_ERROR_TYPES
+from ingot.cli_errors import INTERNAL_ERROR_EXIT, USER_ERROR_EXIT
+from ingot.common.errors import IngotError
 
 from fixtures import write_recipe
 
@@ -148,9 +149,56 @@ def test_an_empty_prompt_is_a_user_error(built):
     assert result.stderr.strip() == "error: prompt is empty"
 
 
-def test_every_listed_user_error_type_exists():
+def _ingot_error_classes() -> list[type[IngotError]]:
+    """Every IngotError subclass in ingot's packages (all their modules imported first)."""
     import importlib
+    import pkgutil
 
-    for module, name in USER_ERROR_TYPES:
-        cls = getattr(importlib.import_module(module), name, None)
-        assert isinstance(cls, type) and issubclass(cls, Exception), (module, name)
+    for name in ("common", "artifacts", "runtime", "calibration", "pipeline"):
+        package = importlib.import_module(f"ingot.{name}")
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            importlib.import_module(module.name)
+    for module in pkgutil.iter_modules(importlib.import_module("ingot").__path__, "ingot."):
+        importlib.import_module(module.name)
+
+    def below(cls: type) -> list[type]:
+        return [c for sub in cls.__subclasses__() for c in (sub, *below(sub))]
+
+    return sorted(set(below(IngotError)), key=lambda c: (c.__module__, c.__qualname__))
+
+
+def test_every_ingot_error_is_a_one_line_user_error(monkeypatch):
+    """Whatever IngotError a command raises is reported as ``error: <message>``, exit 1: the
+    CLI's policy is the root class, not a list of them."""
+    import ingot.pipeline.recipe
+
+    classes = _ingot_error_classes()
+    names = {cls.__name__ for cls in classes}
+    assert {"RecipeError", "ArtifactError", "ConfigError", "NoCompatibleEngine"} <= names
+    assert {"UserError", "UnknownPlugin", "KVCacheTooSmall", "Eagle3Error"} <= names
+    wrong = []
+    for cls in classes:
+        error = cls.__new__(cls, "what to change")  # args only: constructors take other things
+
+        def failing(error=error):
+            raise error
+
+        monkeypatch.setattr(ingot.pipeline.recipe, "recipe_json_schema", failing)
+        result = CliRunner().invoke(main, ["schema"])
+        if (result.exit_code, result.stderr) != (USER_ERROR_EXIT, "error: what to change\n"):
+            wrong.append(
+                f"{cls.__module__}.{cls.__qualname__}: {result.exit_code} {result.stderr!r}"
+            )
+    assert not wrong, "\n".join(wrong)
+
+
+def test_an_os_error_is_a_user_error(monkeypatch):
+    import ingot.pipeline.recipe
+
+    def failing():
+        raise FileNotFoundError(2, "No such file or directory", "recipes/missing.yaml")
+
+    monkeypatch.setattr(ingot.pipeline.recipe, "recipe_json_schema", failing)
+    result = CliRunner().invoke(main, ["schema"])
+    assert result.exit_code == USER_ERROR_EXIT
+    assert result.stderr == "error: [Errno 2] No such file or directory: 'recipes/missing.yaml'\n"

@@ -11,7 +11,8 @@ import torch
 from onnx import TensorProto, helper
 
 from ingot.calibration.dataset import CalibrationSet
-from ingot.pipeline.model.kv_quant import KV_QMAX, KVScales, attach_kv_scales, quantize_kv
+from ingot.pipeline.model.kv_quant import KVScales, attach_kv_scales
+from ingot.pipeline.model.kv_rounding import KV_QMAX, quantize_kv
 from ingot.pipeline.model.layer_source import ModelLayers
 from ingot.pipeline.model.load import load_model
 from ingot.pipeline.model.rope import apply_rotary, cos_sin

@@ -1,6 +1,10 @@
 """The ONNX Runtime CPU engine's runtime half: the record's requirements checked against the
 host (compat.py), the pool its graph reads (the graph interface's, as exported), and the
-session that runs it with the pool bound in place (session.py; options.py, buffers.py)."""
+session that runs it with the pool bound in place (session.py; options.py, buffers.py).
+
+Imports the runtime's engine interface (engines/base.py), its batch and KV pool, ingot.artifacts,
+numpy and onnxruntime; never onnx or torch (the runtime install has neither).
+"""
 
 from __future__ import annotations
 
