@@ -42,7 +42,7 @@ def write_heads(path: Path, weight: np.ndarray) -> Path:
     """A heads graph: hidden [N, H] @ weight [H, K*V] -> [N, K, V] -> argmax: draft_tokens
     [N, K] int64, its weight in an external data file beside it (as the artifact stores it)."""
     onnx = pytest.importorskip("onnx")  # build-time dependency, used here to write the graph
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper  # build-time: skipped without onnx
 
     h, kv = weight.shape
     nodes = [

@@ -369,7 +369,7 @@ H, HKV, D, B = 2, 1, 2, 4
 
 def _graph(path: Path, nodes, inputs, outputs, init) -> Path:
     onnx = pytest.importorskip("onnx")
-    from onnx import helper
+    from onnx import helper  # a build-time dependency: only these graph writers need it
 
     graph = helper.make_graph(nodes, path.stem, inputs, outputs, init)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
@@ -381,6 +381,7 @@ def _graph(path: Path, nodes, inputs, outputs, init) -> Path:
 
 
 def _paged_inputs(*extra):
+    # onnx: a build-time dependency (skipped without it, `_graph`)
     from onnx import TensorProto as t
     from onnx import helper
 
@@ -400,6 +401,7 @@ def _paged_inputs(*extra):
 
 def _kv_nodes():
     """new_k_0 = new_v_0 = position + 1, [S, Q, HKV*D]."""
+    # onnx: a build-time dependency (skipped without it, `_graph`)
     from onnx import TensorProto as t
     from onnx import helper
 
@@ -424,6 +426,7 @@ def _kv_nodes():
 
 def _write_target(path: Path, aux: bool) -> Path:
     """logits [N, V]: a one-hot of token + 1; aux_hidden [S, Q, 3] = (token, position, 7)."""
+    # onnx: a build-time dependency (skipped without it, `_graph`)
     from onnx import TensorProto as t
     from onnx import helper
 
@@ -462,6 +465,7 @@ def _write_target(path: Path, aux: bool) -> Path:
 def _write_layer(path: Path) -> Path:
     """draft_tokens = input token + int(hidden[..., 0]), draft_hidden = hidden + 1 (of the
     logits_indices rows); K = V = position + 1."""
+    # onnx: a build-time dependency (skipped without it, `_graph`)
     from onnx import TensorProto as t
     from onnx import helper
 
@@ -494,6 +498,7 @@ def _write_layer(path: Path) -> Path:
 
 def _write_fc(path: Path, weight=(1, 0, 0, 1, 0, 0)) -> Path:
     """hidden = features @ weight [3, H]; by default (token, position)."""
+    # onnx: a build-time dependency (skipped without it, `_graph`)
     from onnx import TensorProto as t
     from onnx import helper
 
