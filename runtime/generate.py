@@ -18,14 +18,17 @@ emits its own token and ends the request's step; a row past every accepted draft
 bonus token. The table is cut back to the tokens kept (an engine that writes the pool wrote
 every row, the rest beyond the cut; for an fp8 engine only the kept rows are written).
 
-A drafter that reads the target's hidden state (`needs_hidden`: Medusa heads) gets each
-sequence's row of the call that produced its last token, copied into `SequenceState.last_hidden`
-(the session's `hidden`, bound only for such a drafter). A drafter that reads the target's
-features (`needs_features`: an EAGLE-3 draft) is handed, after every call, each sequence's rows
-of the session's `aux_hidden` (bound only for such a drafter) for the tokens the call keeps:
-`record(seq, start, rows)` with every real row of a chunk (prefill chunks, complete or not, and
-plain decode steps: only while a step could draft, as a draft model's prefill) and, after a
-verification, the rows of the last token and the accepted drafts.
+The generator drives the drafter through its interface (speculative/drafter.py) and names
+none. A drafter that reads the target's hidden state (`needs_hidden`) is handed each
+sequence's row of the call that produced its last token (`record_hidden`: the session's
+`hidden`, bound only for such a drafter; a completing chunk's row, or in verification the last
+emitted row). A drafter that reads the target's features (`needs_features`) is handed, after
+every call, each sequence's rows of the session's `aux_hidden` (bound only for such a drafter)
+for the tokens the call keeps: `record_features(seq, start, rows)` with every real row of a
+chunk (prefill chunks, complete or not, and plain decode steps: only while a step could draft,
+as a draft model's prefill) and, after a verification, the rows of the last token and the
+accepted drafts. What a drafter keeps of a sequence (SequenceState.drafter_state) goes when
+the request retires; a preemption is passed on (`Drafter.preempted`).
 """
 
 from __future__ import annotations
@@ -158,7 +161,11 @@ class Generator:
         self.config = config
         self.speculation = speculation
         self.scheduler = Scheduler(
-            pool, config.max_num_seqs, config.max_num_batched_tokens, config.enable_prefix_caching
+            pool,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.enable_prefix_caching,
+            on_preempt=self._preempted,
         )
         # Plain decode calls: the last one's arrays, advanced in place while the batch holds.
         self._decode_inputs = DecodeInputs(config.sliding_window, self._scratch)
@@ -365,10 +372,10 @@ class Generator:
             self.scheduler.cache_computed_blocks(chunk.seq)
             if features is not None:  # chunk s's real rows: s*Q .. s*Q + n - 1
                 rows = features[s * q : s * q + chunk.num_tokens]
-                self.speculation.drafter.record(chunk.seq, chunk.start, rows)
+                self.speculation.drafter.record_features(chunk.seq, chunk.start, rows)
             if chunk.completes:  # else a prefill chunk that is not the prompt's last
-                if hidden is not None:  # a copy: the session's buffer is written next call
-                    chunk.seq.last_hidden = hidden[s].copy()
+                if hidden is not None:
+                    self.speculation.drafter.record_hidden(chunk.seq, hidden[s])
                 req = self._requests[chunk.seq.id]
                 outputs.append(self._append(req, last[s], int(argmaxes[s])))
                 self._retire_if_finished(req)
@@ -453,7 +460,7 @@ class Generator:
                     break
                 accepted += 1
             if hidden is not None:  # the loop's last row produced the last token appended
-                chunk.seq.last_hidden = hidden[r].copy()
+                spec.drafter.record_hidden(chunk.seq, hidden[r])
             if draft:
                 spec.stats.record(len(draft), accepted)
                 spec.policy.update(req.drafting, len(draft), accepted)
@@ -466,7 +473,7 @@ class Generator:
             seq = chunk.seq
             seq.table.truncate(chunk.start + n)  # rejected drafts' slots go back
             if features is not None:  # the kept rows: its last token and accepted drafts
-                spec.drafter.record(seq, chunk.start, features[s * q : s * q + n])
+                spec.drafter.record_features(seq, chunk.start, features[s * q : s * q + n])
             spec.drafter.accepted(seq)
             self.scheduler.cache_computed_blocks(seq)
             self._retire_if_finished(self._requests[seq.id])
@@ -485,18 +492,25 @@ class Generator:
     def _needs_hidden(self) -> bool:
         """Whether the drafter reads the target's hidden state (the session must bind it)."""
         spec = self.speculation
-        return spec is not None and getattr(spec.drafter, "needs_hidden", False)
+        return spec is not None and spec.drafter.needs_hidden
 
     @property
     def _needs_features(self) -> bool:
         """Whether the drafter reads the target's aux_hidden rows (the session must bind it)."""
         spec = self.speculation
-        return spec is not None and getattr(spec.drafter, "needs_features", False)
+        return spec is not None and spec.drafter.needs_features
+
+    def _preempted(self, seq: SequenceState) -> None:
+        """The scheduler preempted `seq` (its blocks went back): the drafter hears of it."""
+        if self.speculation is not None:
+            self.speculation.drafter.preempted(seq)
 
     def _retire_if_finished(self, req: _Request) -> None:
-        """A finished request's blocks go back and its completion waits to be popped."""
+        """A finished request's blocks go back, with what the drafter kept of it, and its
+        completion waits to be popped."""
         if req.finish_reason is not None and req.seq.id in self._requests:
             self.scheduler.finish(req.seq)
+            req.seq.drafter_state = None
             self._finished[req.seq.id] = self._requests.pop(req.seq.id)
 
     def _append(

@@ -14,21 +14,19 @@ side by side, would shift one's keys and with them the rounding of its attention
 Sequences are served first come, first served. When the pool runs out of blocks, the newest
 running sequence not yet scheduled in this step is preempted: its blocks are released and it
 goes back to the front of the waiting queue, to be recomputed from its prompt and output so far
-(with prefix caching on, mostly from its own blocks, still cached). Finished sequences leave at
-once; waiting ones fill their slots in the same step.
+(with prefix caching on, mostly from its own blocks, still cached); `on_preempt` tells whoever
+keeps per-sequence state beside the pool (the Generator, for its drafter). Finished sequences
+leave at once; waiting ones fill their slots in the same step.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ingot.runtime.kv_pool import BlockTable, KVPool
 from ingot.runtime.prefix_cache import chain_hashes
-
-if TYPE_CHECKING:
-    import numpy as np
 
 __all__ = ["Chunk", "Scheduler", "SchedulerOutput", "SequenceState", "split_prefill"]
 
@@ -49,15 +47,10 @@ class SequenceState:
     table: BlockTable
     block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks
     num_cached_blocks: int = 0  # leading blocks of `table` the prefix cache knows
-    num_draft_computed: int = 0  # leading tokens in a draft model's or EAGLE draft's pool
-    # [H] float32: the target's final-norm hidden state at the position whose logits produced
-    # the last token (a copy); recorded only for a drafter that reads it (Medusa heads).
-    last_hidden: np.ndarray | None = None
-    # Row blocks [m_i, 3Ht] float32 (copies): the target's EAGLE-3 features of the positions
-    # from draft_features_start on, in order, that an EAGLE draft has not computed yet
-    # (speculative/eagle.py; kept as blocks, so recording a row does not copy the others).
-    draft_features: list[np.ndarray] = field(default_factory=list)
-    draft_features_start: int = 0
+    # The drafter's own per-sequence state, of the drafter's own type (speculative/drafter.py):
+    # None until the drafter sets it. The scheduler never reads it; on preemption it calls
+    # `on_preempt`, through which the drafter decides what survives.
+    drafter_state: object | None = None
 
     @property
     def num_computed(self) -> int:
@@ -116,6 +109,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         enable_prefix_caching: bool = True,
+        on_preempt: Callable[[SequenceState], None] | None = None,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(
@@ -127,6 +121,9 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.cache = pool.prefix_cache if enable_prefix_caching else None
+        # Told of each preempted sequence, after its blocks went back: whoever keeps state of
+        # it beside the pool (a drafter, through the Generator) drops what the blocks held.
+        self.on_preempt = on_preempt
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []  # in admission order; the last is preempted first
         self.num_preemptions = 0
@@ -220,9 +217,10 @@ class Scheduler:
         self.running.remove(seq)
         seq.table.release()
         seq.num_cached_blocks = 0
-        seq.num_draft_computed = 0
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        if self.on_preempt is not None:
+            self.on_preempt(seq)
 
     def _admit(self, allowed: int, prefill: list[Chunk]) -> bool:
         """Start the first waiting sequence with a chunk of at most `allowed` tokens, reusing

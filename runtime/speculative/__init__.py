@@ -1,21 +1,19 @@
 """Speculative decoding: a drafter proposes tokens, the target verifies them in one call.
 
 `Speculation` is what a Generator is given: the config, the policy (when to draft) and the
-drafter (ngram.py: prompt lookup; draft_model.py: a small model in the artifact; medusa.py:
-heads on the target's hidden state; eagle.py: an EAGLE-3 draft layer on the target's
-features). The verification itself (acceptance, K/V of accepted tokens only) is in
+drafter, a `Drafter` (drafter.py: the interface the Generator drives, and where a drafter keeps
+its per-sequence state; ngram.py: prompt lookup; draft_model.py: a small model in the
+artifact; medusa.py: heads on the target's hidden state; eagle.py: an EAGLE-3 draft layer on
+the target's features). The verification itself (acceptance, K/V of accepted tokens only) is in
 runtime/generate.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from ingot.runtime.batch import Batch
-from ingot.runtime.scheduler import Chunk, SequenceState
 from ingot.runtime.speculative.config import METHODS, SpeculativeConfig
+from ingot.runtime.speculative.drafter import Drafter
 from ingot.runtime.speculative.policy import DraftPolicy, DraftState
 from ingot.runtime.speculative.step_rate import StepRates
 
@@ -27,26 +25,6 @@ __all__ = [
     "Speculation",
     "SpeculativeConfig",
 ]
-
-
-class Drafter(Protocol):
-    # A drafter may set `needs_hidden = True` (medusa.py): the Generator then records each
-    # sequence's target hidden state (SequenceState.last_hidden) for it. One that sets
-    # `needs_features = True` (eagle.py) has `record(seq, start, rows)`: the Generator hands it
-    # the target's aux_hidden rows [n, 3Ht] of the tokens each call keeps, at positions
-    # start .. start + n - 1 (runtime/generate.py's docstring says when).
-
-    def propose(self, seqs: Sequence[SequenceState], ks: Sequence[int]) -> list[list[int]]:
-        """Up to ks[i] draft tokens to follow each sequence's last token."""
-        ...
-
-    def observe(self, batch: Batch, chunks: Sequence[Chunk]) -> None:
-        """The target ran a prefill `batch`: a drafter with a model computes it too."""
-        ...
-
-    def accepted(self, seq: SequenceState) -> None:
-        """`seq`'s verification is done; its table holds the kept tokens only."""
-        ...
 
 
 @dataclass(slots=True)

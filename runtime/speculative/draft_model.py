@@ -9,25 +9,43 @@ The draft computes what the target computes: every prefill call is run on the dr
 sampled one, plus the last accepted draft, or every token of steps that did not speculate),
 then drafts greedily one token per call. After verification it forgets the K/V of rejected
 drafts (`accepted`): those slots are written again next time. What the draft holds of a
-sequence is `SequenceState.num_draft_computed`, which preemption resets; a prefix found in
-the cache is not trusted (the draft may not have computed it), so the first draft call of
-such a sequence computes its whole prefix.
+sequence is its `DraftModelSequence` (SequenceState.drafter_state), which preemption drops (the
+sequence's blocks, and so its draft K/V, went back); a prefix found in the cache is not trusted
+(the draft may not have computed it), so the first draft call of such a sequence computes its
+whole prefix.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from ingot.runtime.batch import Batch, build_inputs
 from ingot.runtime.kv_pool import KVPool
 from ingot.runtime.scheduler import Chunk, SequenceState
+from ingot.runtime.speculative.drafter import Drafter
 
-__all__ = ["DraftModelDrafter"]
+__all__ = ["DraftModelDrafter", "DraftModelSequence"]
 
 
-class DraftModelDrafter:
+@dataclass(slots=True)
+class DraftModelSequence:
+    """What the draft holds of one sequence (its SequenceState.drafter_state)."""
+
+    computed: int = 0  # leading tokens whose draft K/V are in the draft pool
+
+
+def _state(seq: SequenceState) -> DraftModelSequence:
+    """`seq`'s state, made on first use (none yet: the draft holds none of its tokens)."""
+    state = seq.drafter_state
+    if state is None:
+        state = seq.drafter_state = DraftModelSequence()
+    return state
+
+
+class DraftModelDrafter(Drafter):
     def __init__(self, session, pool: KVPool, sliding_window: int | None = None) -> None:
         self.session = session  # a ModelRunner over the draft engine, bound to `pool`
         self.pool = pool
@@ -40,9 +58,9 @@ class DraftModelDrafter:
         _, new_kv = self.session.run(batch)
         batch.write_kv(self.pool, new_kv)
         for chunk in chunks:
-            seq = chunk.seq
-            if seq.num_draft_computed >= chunk.start:  # contiguous with what it holds
-                seq.num_draft_computed = chunk.start + chunk.num_tokens
+            state = _state(chunk.seq)
+            if state.computed >= chunk.start:  # contiguous with what it holds
+                state.computed = chunk.start + chunk.num_tokens
 
     def propose(self, seqs: Sequence[SequenceState], ks: Sequence[int]) -> list[list[int]]:
         """Up to k greedy drafts per sequence. Each table must already hold slots for the
@@ -57,7 +75,7 @@ class DraftModelDrafter:
         for i in active:
             seq = seqs[i]
             last = len(seq.token_ids) - 1
-            done = min(seq.num_draft_computed, last)
+            done = min(_state(seq).computed, last)
             feeds.append((seq.table, seq.token_ids[done:], done))
         tokens = self._step(feeds)
         for i, token in zip(active, tokens, strict=True):
@@ -74,12 +92,13 @@ class DraftModelDrafter:
                 drafts[i].append(token)
         for i, k in enumerate(ks):
             if k:  # its last token and k - 1 drafts are in the draft pool now
-                seqs[i].num_draft_computed = len(seqs[i].token_ids) - 1 + k
+                _state(seqs[i]).computed = len(seqs[i].token_ids) - 1 + k
         return drafts
 
     def accepted(self, seq: SequenceState) -> None:
         """After verification: only the draft K/V of tokens the target kept stay valid."""
-        seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed)
+        state = _state(seq)
+        state.computed = min(state.computed, seq.num_computed)
 
     def _step(self, feeds: list) -> list[int]:
         scratch = getattr(self.session, "scratch_block", None)  # set: its graph writes the pool

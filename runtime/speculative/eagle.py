@@ -4,33 +4,34 @@ target's features (the residual streams entering three of its layers, `aux_hidde
 
 Alignment: the draft row at position p takes (tok[p+1], fc(f_p)) and predicts tok[p+2]. For a
 sequence of tokens 0..n (n the last sampled, f_0..f_{n-1} known), call 1 runs the positions
-the draft has not computed, num_draft_computed .. n-1, and its last row gives d1 and its
-prenorm h1; call j + 1 runs (d_j, h_j) at position n - 1 + j and gives d_{j+1}. The draft's K/V
-of position p live in the target's slot for p, in a pool of its own (1 layer, float32, as many
-blocks as the target's), addressed by the target's block tables as for a draft model.
+the draft has not computed, start .. n-1, and its last row gives d1 and its prenorm h1; call
+j + 1 runs (d_j, h_j) at position n - 1 + j and gives d_{j+1}. The draft's K/V of position p
+live in the target's slot for p, in a pool of its own (1 layer, float32, as many blocks as the
+target's), addressed by the target's block tables as for a draft model.
 
-Features arrive through `record`: after every target call the Generator hands over the rows
-of the tokens it keeps (prefill chunks, plain decode steps, verification's kept rows), and the
-drafter keeps per sequence those from `num_draft_computed` on (`SequenceState.draft_features`,
-copies). `propose` consumes them: afterwards num_draft_computed = n, since only positions < n
-were computed from true features (the drafted positions' K/V came from the draft's own hidden
-rows and are written again by the next catch-up, from the features verification records).
+Features arrive through `record_features`: after every target call the Generator hands over
+the rows of the tokens it keeps (prefill chunks, plain decode steps, verification's kept rows),
+and the drafter keeps per sequence those the draft has not computed (`EagleSequence`, the
+sequence's SequenceState.drafter_state: the rows of positions `start` on, copies). `propose`
+consumes them: afterwards start = n, since only positions < n were computed from true features
+(the drafted positions' K/V came from the draft's own hidden rows and are written again by the
+next catch-up, from the features verification records).
 
-Rows that do not continue what is pending restart it at their `start`, with
-num_draft_computed = start: after a prefix-cache hit (the target never computed the cached
-positions, so no features exist), after preemption (which resets num_draft_computed: the
-sequence is recomputed from 0 or from its cached blocks), or when drafting was off for a while
-(the Generator records only while a step could draft). Positions before it are attended as the
-draft pool holds them: computed by whichever sequence last wrote those slots, or not at all.
-Acceptance may drop; the output never changes, since the target verifies every token. (Rows
-recomputing positions still pending, from a sequence preempted before it ever drafted, replace
-the tail instead: the features before them are still right.)
+Rows that do not continue what is pending restart it at their `start`: after a prefix-cache hit
+(the target never computed the cached positions, so no features exist), after preemption (which
+drops the state: the sequence is recomputed from 0 or from its cached blocks), or when drafting
+was off for a while (the Generator records only while a step could draft). Positions before it
+are attended as the draft pool holds them: computed by whichever sequence last wrote those
+slots, or not at all. Acceptance may drop; the output never changes, since the target verifies
+every token. (A sequence preempted before it ever drafted keeps its rows, pending from 0: the
+rows recomputing positions still pending replace their tail, the features before them are
+still right; `preempted`.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -42,9 +43,20 @@ from ingot.artifacts.manifest import EagleInfo
 from ingot.runtime.batch import Batch, build_inputs
 from ingot.runtime.engines.onnxruntime.session import EagleLayerSession, open_draft_graph
 from ingot.runtime.kv_pool import KVLayout, KVPool
-from ingot.runtime.scheduler import Chunk, SequenceState
+from ingot.runtime.scheduler import SequenceState
+from ingot.runtime.speculative.drafter import Drafter
 
-__all__ = ["EagleDraft", "EagleDrafter", "EagleFc", "eagle_kv_layout"]
+__all__ = ["EagleDraft", "EagleDrafter", "EagleFc", "EagleSequence", "eagle_kv_layout"]
+
+
+@dataclass(slots=True)
+class EagleSequence:
+    """What the draft holds and awaits of one sequence (its SequenceState.drafter_state)."""
+
+    start: int  # the draft took positions < start as computed; rows pend from here
+    # Row blocks [m_i, 3Ht] float32 (copies): the target's features of positions start,
+    # start + 1, ... in order (kept as blocks, so recording a row does not copy the others).
+    rows: list[np.ndarray] = field(default_factory=list)
 
 
 class EagleFc:
@@ -98,25 +110,36 @@ def eagle_kv_layout(eagle: EagleInfo) -> KVLayout:
     return KVLayout(1, eagle.kv_block_size, eagle.num_kv_heads, eagle.head_dim, np.float32)
 
 
-class EagleDrafter:
-    needs_features = True  # the Generator hands it the target's aux_hidden rows (`record`)
+class EagleDrafter(Drafter):
+    needs_features = True  # the Generator hands it the target's aux_hidden rows
 
     def __init__(self, draft: EagleDraft) -> None:
         self.draft = draft
 
-    def record(self, seq: SequenceState, start: int, rows: np.ndarray) -> None:
+    def record_features(self, seq: SequenceState, start: int, rows: np.ndarray) -> None:
         """The target's features rows [n, 3Ht] of `seq`'s positions start .. start + n - 1
         (a session buffer: copied)."""
-        pending, begin = seq.draft_features, seq.draft_features_start
-        held = sum(len(r) for r in pending)
         rows = rows.copy()
-        if begin == seq.num_draft_computed and begin <= start <= begin + held:
+        state = seq.drafter_state
+        if state is None:
+            seq.drafter_state = EagleSequence(start, [rows])
+            return
+        begin, pending = state.start, state.rows
+        held = sum(len(r) for r in pending)
+        if begin <= start <= begin + held:
             if start < begin + held:  # recomputed (preempted): these rows replace the tail
                 pending[:] = _first_rows(pending, start - begin)
             pending.append(rows)
-        else:  # a gap, or stale rows (preemption reset num_draft_computed): restart here
-            seq.draft_features = [rows]
-            seq.draft_features_start = seq.num_draft_computed = start
+        else:  # a gap: restart here
+            state.start, state.rows = start, [rows]
+
+    def preempted(self, seq: SequenceState) -> None:
+        """The draft pool no longer holds any of `seq`'s positions. Rows pending from 0 (it
+        never drafted) stay: the recomputation's rows replace their tail. Others go: they
+        would restart at the recomputation's first row anyway."""
+        state = seq.drafter_state
+        if state is not None and state.start:
+            seq.drafter_state = None
 
     def propose(self, seqs: Sequence[SequenceState], ks: Sequence[int]) -> list[list[int]]:
         """Up to ks[i] greedy drafts per sequence whose pending features reach its last token;
@@ -127,15 +150,14 @@ class EagleDrafter:
         if not active:
             return drafts
         # Call 1: the catch-up rows of every sequence, fc'd in one call.
-        features = np.concatenate([r for i in active for r in seqs[i].draft_features])
+        features = np.concatenate([r for i in active for r in seqs[i].drafter_state.rows])
         fed = self.draft.fc.run(features)  # [R, H], sequence by sequence
         feeds = []
         for i in active:
-            seq = seqs[i]
-            done, n = seq.num_draft_computed, len(seq.token_ids) - 1
+            seq, state = seqs[i], seqs[i].drafter_state
+            done, n = state.start, len(seq.token_ids) - 1
             feeds.append((seq.table, seq.token_ids[done + 1 : n + 1], done))  # tok[p+1] at p
-            seq.draft_features = []  # consumed: the draft holds positions < n from here on
-            seq.draft_features_start = seq.num_draft_computed = n
+            state.start, state.rows = n, []  # consumed: the draft holds positions < n now
         batch = build_inputs(feeds)  # the draft layer attends over every position it holds
         s, q = batch.input_ids.shape
         hidden = np.zeros((s * q, fed.shape[-1]), np.float32)
@@ -152,12 +174,6 @@ class EagleDrafter:
             carry = self._step(build_inputs(feeds), carry[:, None, :], active, drafts)
         return drafts
 
-    def observe(self, batch: Batch, chunks: Sequence[Chunk]) -> None:
-        pass  # features arrive through `record`; the catch-up in `propose` computes them
-
-    def accepted(self, seq: SequenceState) -> None:
-        pass  # the Generator records the kept rows (from position n) before calling this
-
     def _step(
         self, batch: Batch, hidden: np.ndarray, active: list[int], drafts: list[list[int]]
     ) -> np.ndarray:
@@ -171,11 +187,12 @@ class EagleDrafter:
 
 
 def _ready(seq: SequenceState) -> bool:
-    """Whether `seq`'s pending features are those of positions num_draft_computed .. n - 1."""
+    """Whether `seq`'s pending features are those of positions start .. n - 1."""
+    state = seq.drafter_state
+    if state is None:
+        return False
     n = len(seq.token_ids) - 1
-    held = sum(len(r) for r in seq.draft_features)
-    begin = seq.draft_features_start
-    return begin == seq.num_draft_computed < n and begin + held == n
+    return state.start < n and state.start + sum(len(r) for r in state.rows) == n
 
 
 def _first_rows(blocks: list[np.ndarray], count: int) -> list[np.ndarray]:

@@ -18,6 +18,7 @@ from ingot.runtime.engines.base import EngineRunner
 from ingot.runtime.kv_pool import KVPool
 from ingot.runtime.speculative.config import SpeculativeConfig
 from ingot.runtime.speculative.draft_model import DraftModelDrafter
+from ingot.runtime.speculative.drafter import Drafter
 from ingot.runtime.speculative.eagle import EagleDraft, EagleDrafter
 from ingot.runtime.speculative.medusa import MedusaDrafter, MedusaHeads
 from ingot.runtime.speculative.ngram import NgramDrafter
@@ -87,7 +88,7 @@ def make_drafter(
     sliding_window: int | None,
     heads: MedusaHeads | None = None,
     eagle: EagleDraft | None = None,
-) -> NgramDrafter | DraftModelDrafter | MedusaDrafter | EagleDrafter:
+) -> Drafter:
     if config.method == "ngram":
         return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
     if config.method == "medusa":

@@ -3,23 +3,35 @@ hidden state, head k proposing the token k + 1 positions after the one the targe
 produce from that state.
 
 The heads keep no K/V and see no prefill: each sequence's input is the hidden row of the
-target call that produced its last token (`SequenceState.last_hidden`, recorded by the
-Generator), so one heads call per step drafts for every sequence, all k tokens at once.
+target call that produced its last token (its `MedusaSequence`, SequenceState.drafter_state:
+the Generator hands the row over through `record_hidden`), so one heads call per step drafts
+for every sequence, all k tokens at once. Preemption drops it (the default `preempted`): the
+recomputation's last chunk records the row again before the sequence can draft.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from ingot.runtime.batch import Batch
 from ingot.runtime.engines.onnxruntime.session import open_draft_graph
-from ingot.runtime.scheduler import Chunk, SequenceState
+from ingot.runtime.scheduler import SequenceState
+from ingot.runtime.speculative.drafter import Drafter
 
-__all__ = ["MedusaDrafter", "MedusaHeads"]
+__all__ = ["MedusaDrafter", "MedusaHeads", "MedusaSequence"]
+
+
+@dataclass(slots=True)
+class MedusaSequence:
+    """What the heads read of one sequence (its SequenceState.drafter_state)."""
+
+    # [H] float32: the target's final-norm hidden state at the position whose logits produced
+    # the last token (a copy: the session's buffer is written again by the next call).
+    last_hidden: np.ndarray
 
 
 class MedusaHeads:
@@ -42,11 +54,18 @@ class MedusaHeads:
         return self._session.run(["draft_tokens"], feed)[0]
 
 
-class MedusaDrafter:
-    needs_hidden = True  # the Generator records SequenceState.last_hidden for it
+class MedusaDrafter(Drafter):
+    needs_hidden = True  # the Generator hands it the row of each sequence's last token
 
     def __init__(self, heads: MedusaHeads) -> None:
         self.heads = heads  # anything with MedusaHeads.run (tests pass a double)
+
+    def record_hidden(self, seq: SequenceState, row: np.ndarray) -> None:
+        state = seq.drafter_state
+        if state is None:
+            seq.drafter_state = MedusaSequence(row.copy())
+        else:
+            state.last_hidden = row.copy()
 
     def propose(self, seqs: Sequence[SequenceState], ks: Sequence[int]) -> list[list[int]]:
         """The first ks[i] heads' tokens for each sequence, from one heads call; none for a
@@ -55,18 +74,12 @@ class MedusaDrafter:
         active = [
             i
             for i, (seq, k) in enumerate(zip(seqs, ks, strict=True))
-            if k and seq.last_hidden is not None
+            if k and seq.drafter_state is not None
         ]
         if not active:
             return drafts
-        rows = np.stack([seqs[i].last_hidden for i in active])  # [A, H]
+        rows = np.stack([seqs[i].drafter_state.last_hidden for i in active])  # [A, H]
         tokens = self.heads.run(rows)  # [A, K]
         for j, i in enumerate(active):
             drafts[i] = tokens[j, : ks[i]].tolist()
         return drafts
-
-    def observe(self, batch: Batch, chunks: Sequence[Chunk]) -> None:
-        pass  # no K/V: the heads read the target's hidden state, nothing to compute
-
-    def accepted(self, seq: SequenceState) -> None:
-        pass

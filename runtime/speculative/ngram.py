@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ingot.runtime.batch import Batch
-from ingot.runtime.scheduler import Chunk, SequenceState
+from ingot.runtime.scheduler import SequenceState
+from ingot.runtime.speculative.drafter import Drafter
 
 __all__ = ["NgramDrafter", "propose_ngram"]
 
@@ -33,8 +33,9 @@ def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> l
     return []
 
 
-class NgramDrafter:
-    """Drafts from each sequence's own tokens (prompt and output so far)."""
+class NgramDrafter(Drafter):
+    """Drafts from each sequence's own tokens (prompt and output so far): no state of its own,
+    nothing to compute."""
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
@@ -45,9 +46,3 @@ class NgramDrafter:
             propose_ngram(seq.token_ids, k, self.min_n, self.max_n) if k else []
             for seq, k in zip(seqs, ks, strict=True)
         ]
-
-    def observe(self, batch: Batch, chunks: Sequence[Chunk]) -> None:
-        pass  # no model: nothing to compute
-
-    def accepted(self, seq: SequenceState) -> None:
-        pass

@@ -16,6 +16,8 @@ from ingot.runtime.scheduler import (
     CALL_COST_TOKENS,
     MAX_PREFILL_CALLS,
     Chunk,
+    Scheduler,
+    SequenceState,
     split_prefill,
 )
 
@@ -240,6 +242,28 @@ def test_preemption_is_counted_and_recomputation_gives_the_same_tokens(tokenizer
     assert [c.token_ids for c in out] == [reference(p, 10, 16) for p in prompts]
     assert gen.stats().num_preemptions > 0
     assert gen.pool.allocator.num_free == gen.pool.num_blocks
+
+
+def test_on_preempt_hears_of_each_preempted_sequence_once_its_blocks_went_back():
+    pool = KVPool(num_layers=1, num_blocks=4, block_size=2, num_kv_heads=1, head_dim=2)
+    heard = []
+
+    def on_preempt(seq):
+        heard.append(
+            (seq.id, list(seq.table.block_ids), seq.num_computed, seq in scheduler.waiting)
+        )
+
+    scheduler = Scheduler(pool, 4, 64, enable_prefix_caching=False, on_preempt=on_preempt)
+    old, new = (SequenceState(i, [1, 2, 3, 4], 4, pool.new_block_table()) for i in (0, 1))
+    scheduler.add(old)
+    scheduler.add(new)
+    assert len(scheduler.schedule().prefill) == 2 and pool.allocator.num_free == 0
+    assert heard == []
+    old.token_ids.append(5)
+    new.token_ids.append(5)
+    plan = scheduler.schedule()  # `old` needs a block: the newest running one gives its two
+    assert [c.seq for c in plan.decode] == [old] and scheduler.num_preemptions == 1
+    assert heard == [(1, [], 0, True)]
 
 
 def test_prefix_cache_reuses_full_blocks_and_counts_tokens(tokenizer):

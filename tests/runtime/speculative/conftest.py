@@ -15,6 +15,7 @@ EXACT = [{"engine": "onnxruntime", "device": "cpu", "matmul_accuracy_level": 0}]
 
 @pytest.fixture(scope="session")
 def exact_artifact(tmp_path_factory) -> Path:
+    # The pipeline (torch) loads only when a test builds the artifact.
     from ingot.pipeline.build import build
     from ingot.pipeline.cache import StageCache
 

@@ -29,6 +29,7 @@ NO_BACKOFF = {"min_acceptance_rate": 0.0, "adaptive": False}
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
+    # The pipeline (torch) loads only when a test builds the artifact.
     from ingot.pipeline.build import build
     from ingot.pipeline.cache import StageCache
 

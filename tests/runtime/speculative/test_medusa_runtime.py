@@ -1,5 +1,5 @@
 """Medusa drafting at runtime (runtime/speculative/medusa.py): the heads graph against numpy,
-the target hidden rows the generator records for the heads (`SequenceState.last_hidden`),
+the target hidden rows the generator records for the heads (`MedusaSequence.last_hidden`),
 greedy output equal to plain decoding with drafts both accepted and rejected, and the config
 errors of an artifact without (enough) heads.
 
@@ -24,7 +24,7 @@ from ingot.runtime.kv_pool import KVPool
 from ingot.runtime.scheduler import SequenceState
 from ingot.runtime.speculative import SpeculativeConfig
 from ingot.runtime.speculative.load import make_drafter, resolve_config
-from ingot.runtime.speculative.medusa import MedusaDrafter, MedusaHeads
+from ingot.runtime.speculative.medusa import MedusaDrafter, MedusaHeads, MedusaSequence
 
 from fixtures import SCHEDULER_ARGS, SCHEDULER_CASES
 
@@ -42,7 +42,7 @@ def write_heads(path: Path, weight: np.ndarray) -> Path:
     """A heads graph: hidden [N, H] @ weight [H, K*V] -> [N, K, V] -> argmax: draft_tokens
     [N, K] int64, its weight in an external data file beside it (as the artifact stores it)."""
     onnx = pytest.importorskip("onnx")  # build-time dependency, used here to write the graph
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper  # build-time: skipped without onnx
 
     h, kv = weight.shape
     nodes = [
@@ -96,8 +96,8 @@ def test_drafter_asks_the_heads_once_for_the_sequences_that_draft():
             return rows[:, :1].astype(np.int64) + np.arange(K)
 
     def seq(hidden):
-        row = None if hidden is None else np.array([hidden, 0], np.float32)
-        return SequenceState(0, [5, 6], 1, table=None, last_hidden=row)
+        state = None if hidden is None else MedusaSequence(np.array([hidden, 0], np.float32))
+        return SequenceState(0, [5, 6], 1, table=None, drafter_state=state)
 
     drafter = MedusaDrafter(Heads())
     seqs = [seq(1), seq(None), seq(4), seq(7)]
@@ -119,7 +119,8 @@ def plain(exact_artifact) -> dict[tuple[int, ...], list[int]]:
 class _OracleHeads:
     """A heads double: proposes each sequence's plain greedy continuation, with one token of
     each proposal but every (K + 1)-th made wrong, so drafts are accepted and rejected. A row
-    is the `last_hidden` of a running sequence: that is how it knows whose row it is."""
+    is the `last_hidden` of a running sequence's MedusaSequence: that is how it knows whose row
+    it is."""
 
     def __init__(self, plain: dict[tuple[int, ...], list[int]], vocab_size: int) -> None:
         self.plain, self.vocab_size = plain, vocab_size
@@ -132,7 +133,7 @@ class _OracleHeads:
             seq = next(
                 s
                 for s in self.scheduler.running
-                if s.last_hidden is not None and np.array_equal(s.last_hidden, row)
+                if s.drafter_state is not None and np.array_equal(s.drafter_state.last_hidden, row)
             )
             full = self.plain[tuple(seq.token_ids[: seq.num_prompt_tokens])]
             right = full[len(seq.token_ids) : len(seq.token_ids) + K]  # what follows its last
@@ -196,8 +197,8 @@ class _Reference:
 
 def test_last_hidden_is_the_row_that_produced_the_last_token(exact_artifact, plain):
     """After every step (a small budget: chunked prefill, several chunks per call, drafts cut),
-    each running sequence's last_hidden is the target's hidden row at its last position but
-    one: the position whose logits produced its last token."""
+    each running sequence's last_hidden (its MedusaSequence) is the target's hidden row at its
+    last position but one: the position whose logits produced its last token."""
     model, generator = _oracle_generator(exact_artifact, plain, max_num_batched_tokens=16)
     reference = _Reference(model, exact_artifact)
     for prompt in PROMPTS:
@@ -209,7 +210,8 @@ def test_last_hidden_is_the_row_that_produced_the_last_token(exact_artifact, pla
             if len(seq.token_ids) == seq.num_prompt_tokens:
                 continue  # its prefill has not completed: no token produced yet
             expected = reference.hidden(seq.token_ids[:-1])  # [H]
-            error = np.linalg.norm(seq.last_hidden - expected) / np.linalg.norm(expected)
+            got = seq.drafter_state.last_hidden
+            error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
             assert error <= 1e-5, (seq.id, len(seq.token_ids), error)
             checked += 1
     assert checked > 0

@@ -1,7 +1,8 @@
 """EAGLE-3 drafting at runtime (runtime/speculative/eagle.py) over fakes: which features the
-generator records for the draft (`record`), how the draft is fed them (`propose`: tok[p+1] at
-position p with fc(f_p), then its own draft_hidden), what happens to them after preemption or
-a prefix-cache hit, greedy output equal to plain decoding, and the sessions on tiny graphs.
+generator records for the draft (`record_features`), how the draft is fed them (`propose`:
+tok[p+1] at position p with fc(f_p), then its own draft_hidden), what happens to them after
+preemption or a prefix-cache hit, greedy output equal to plain decoding, and the sessions on
+tiny graphs.
 
 The fake target's features of a row are (token, position, 0), its logits a one-hot of the next
 token: token + 1, or + 2 after a position p with p % 5 == 4. The fake draft proposes token + 1
@@ -146,7 +147,14 @@ def _col(values) -> np.ndarray:
 
 
 def _held(seq: SequenceState) -> np.ndarray:
-    return np.concatenate(seq.draft_features) if seq.draft_features else np.zeros((0, 3))
+    """The features pending in `seq`'s EagleSequence [m, 3] (none without one)."""
+    state = seq.drafter_state
+    return np.concatenate(state.rows) if state is not None and state.rows else np.zeros((0, 3))
+
+
+def _start(seq: SequenceState) -> int | None:
+    """Where `seq`'s pending features start: the draft took the positions before as computed."""
+    return None if seq.drafter_state is None else seq.drafter_state.start
 
 
 def test_propose_feeds_each_position_the_next_token_and_its_features():
@@ -154,7 +162,7 @@ def test_propose_feeds_each_position_the_next_token_and_its_features():
     drafter = EagleDrafter(_draft(pool))
     tokens = [10, 11, 12, 13, 14]  # n = 4: f_0 .. f_3 known
     seq = _sequence(pool, tokens, reserve=3)
-    drafter.record(seq, 0, features(np.array(tokens[:4]), np.arange(4)))
+    drafter.record_features(seq, 0, features(np.array(tokens[:4]), np.arange(4)))
     assert drafter.propose([seq], [3]) == [[15, 16, 17]]
 
     layer, fc = drafter.draft.layer, drafter.draft.fc
@@ -166,7 +174,7 @@ def test_propose_feeds_each_position_the_next_token_and_its_features():
     assert (ids2.tolist(), pos2.tolist(), h2[0].tolist()) == ([15], [4], [15, 3, DRAFT_MARK])
     assert (ids3.tolist(), pos3.tolist(), h3[0].tolist()) == ([16], [5], [16, 4, DRAFT_MARK])
     # Consumed: the draft holds positions < n; the drafted positions' K/V are in its pool.
-    assert seq.num_draft_computed == seq.draft_features_start == 4 and not seq.draft_features
+    assert _start(seq) == 4 and not seq.drafter_state.rows
     slots = build_inputs([(seq.table, [0] * 6, 0)]).slots  # positions 0..5
     np.testing.assert_array_equal(drafter.draft.pool.k[0].reshape(-1, 2)[slots, 0], range(1, 7))
     np.testing.assert_array_equal(
@@ -181,15 +189,15 @@ def test_one_fc_call_for_every_sequence_and_none_for_those_not_ready():
     b = _sequence(pool, [30, 31, 32, 33, 34, 35], reserve=1)
     late = _sequence(pool, [40, 41, 42, 43], reserve=2)  # its last row was never recorded
     idle = _sequence(pool, [50, 51], reserve=0)
-    drafter.record(a, 0, features(np.array([20, 21]), np.arange(2)))
-    drafter.record(b, 0, features(np.array([30, 31, 32, 33, 34]), np.arange(5)))
-    drafter.record(late, 0, features(np.array([40, 41]), np.arange(2)))
-    drafter.record(idle, 0, features(np.array([50]), np.arange(1)))
+    drafter.record_features(a, 0, features(np.array([20, 21]), np.arange(2)))
+    drafter.record_features(b, 0, features(np.array([30, 31, 32, 33, 34]), np.arange(5)))
+    drafter.record_features(late, 0, features(np.array([40, 41]), np.arange(2)))
+    drafter.record_features(idle, 0, features(np.array([50]), np.arange(1)))
     assert drafter.propose([a, b, late, idle], [2, 1, 2, 0]) == [[23, 24], [36], [], []]
     assert [len(c) for c in drafter.draft.fc.calls] == [7]  # a's 2 rows, then b's 5
     assert [len(ids) for ids, _, _ in drafter.draft.layer.calls] == [7, 1]  # b stops at k = 1
-    assert late.num_draft_computed == 0 and len(_held(late)) == 2  # kept for later
-    assert idle.num_draft_computed == 0 and len(_held(idle)) == 1  # k = 0: not consumed
+    assert _start(late) == 0 and len(_held(late)) == 2  # kept for later
+    assert _start(idle) == 0 and len(_held(idle)) == 1  # k = 0: not consumed
 
 
 def test_kept_rows_continue_after_propose_and_the_buffer_restarts_where_rows_do_not():
@@ -197,20 +205,21 @@ def test_kept_rows_continue_after_propose_and_the_buffer_restarts_where_rows_do_
     drafter = EagleDrafter(_draft(pool))
     tokens = [10, 11, 12, 13, 14]
     seq = _sequence(pool, tokens, reserve=2)
-    drafter.record(seq, 0, features(np.array(tokens[:4]), np.arange(4)))
+    drafter.record_features(seq, 0, features(np.array(tokens[:4]), np.arange(4)))
     drafter.propose([seq], [2])
     # Verification kept token 14 and the accepted draft 15; 16 is the bonus token.
     seq.token_ids += [15, 16]
-    drafter.record(seq, 4, features(np.array([14, 15]), np.array([4, 5])))
-    assert seq.draft_features_start == seq.num_draft_computed == 4
+    drafter.record_features(seq, 4, features(np.array([14, 15]), np.array([4, 5])))
+    assert _start(seq) == 4
     np.testing.assert_array_equal(_held(seq)[:, 1], [4, 5])
     # A row that skips position 6 (features never computed): the buffer restarts there.
-    drafter.record(seq, 7, features(np.array([17]), np.array([7])))
-    assert seq.draft_features_start == seq.num_draft_computed == 7 and len(_held(seq)) == 1
-    # Preempted (the scheduler resets num_draft_computed) and recomputed from 0: restart.
-    seq.num_draft_computed = 0
-    drafter.record(seq, 0, features(np.arange(10, 16), np.arange(6)))
-    assert seq.draft_features_start == seq.num_draft_computed == 0
+    drafter.record_features(seq, 7, features(np.array([17]), np.array([7])))
+    assert _start(seq) == 7 and len(_held(seq)) == 1
+    # Preempted (the draft pool holds none of it: its rows go) and recomputed from 0: restart.
+    drafter.preempted(seq)
+    assert seq.drafter_state is None
+    drafter.record_features(seq, 0, features(np.arange(10, 16), np.arange(6)))
+    assert _start(seq) == 0
     np.testing.assert_array_equal(_held(seq)[:, 1], range(6))
 
 
@@ -219,23 +228,25 @@ def test_recomputed_rows_replace_the_tail_of_what_is_pending():
     from a cached prefix: the rows before the cached boundary stay, the new ones follow."""
     seq = SequenceState(0, list(range(10, 22)), 12, table=None)
     drafter = EagleDrafter(draft=None)
-    drafter.record(seq, 0, features(np.arange(10, 14), np.arange(4)))
-    drafter.record(seq, 4, features(np.arange(14, 20), np.arange(4, 10)))
-    drafter.record(seq, 8, features(np.arange(18, 21), np.arange(8, 11)))
-    assert seq.draft_features_start == seq.num_draft_computed == 0
+    drafter.record_features(seq, 0, features(np.arange(10, 14), np.arange(4)))
+    drafter.record_features(seq, 4, features(np.arange(14, 20), np.arange(4, 10)))
+    drafter.preempted(seq)
+    np.testing.assert_array_equal(_held(seq)[:, 1], range(10))  # pending from 0: kept
+    drafter.record_features(seq, 8, features(np.arange(18, 21), np.arange(8, 11)))
+    assert _start(seq) == 0
     np.testing.assert_array_equal(_held(seq)[:, 1], range(11))
 
 
 def test_a_prefix_cache_hit_starts_the_buffer_at_the_first_computed_position():
     seq = SequenceState(0, list(range(10, 22)), 12, table=None)
-    EagleDrafter(draft=None).record(seq, 8, features(np.arange(18, 22), np.arange(8, 12)))
-    assert seq.draft_features_start == seq.num_draft_computed == 8
+    EagleDrafter(draft=None).record_features(seq, 8, features(np.arange(18, 22), np.arange(8, 12)))
+    assert _start(seq) == 8
 
 
 def test_record_copies_the_rows():
     seq = SequenceState(0, [1, 2, 3], 3, table=None)
     rows = features(np.array([1, 2]), np.arange(2))
-    EagleDrafter(draft=None).record(seq, 0, rows)
+    EagleDrafter(draft=None).record_features(seq, 0, rows)
     rows[:] = -5  # the session writes its buffer again
     np.testing.assert_array_equal(_held(seq)[:, 1], [0, 1])
 
@@ -260,18 +271,20 @@ PROMPTS = [
 
 def _run_checking_features(generator, prompts, params, always_drafts=True):
     """Generate step by step; after each step every running sequence whose prompt is done
-    holds the features of positions num_draft_computed .. its computed tokens, and nothing
-    else (unless a step did not draft: then what it holds is only checked to be right)."""
+    holds the features of positions from its EagleSequence's start to its computed tokens, and
+    nothing else (unless a step did not draft: then what it holds is only checked to be
+    right)."""
     ids = [generator.add(p, q) for p, q in zip(prompts, params, strict=True)]
     while generator.has_unfinished():
         generator.step()
         for seq in generator.scheduler.running:
             if seq.num_remaining != 1:
                 continue  # mid-prefill
-            begin, held = seq.draft_features_start, _held(seq)
+            if not always_drafts and seq.drafter_state is None:
+                continue  # nothing recorded since its last restart
+            begin, held = _start(seq), _held(seq)
             end = begin + len(held)
             if always_drafts:
-                assert begin == seq.num_draft_computed
                 assert end == seq.num_computed == len(seq.token_ids) - 1
             tokens = np.array(seq.token_ids[begin:end])
             np.testing.assert_array_equal(held, features(tokens, np.arange(begin, end)))
@@ -309,13 +322,13 @@ def test_features_are_not_kept_while_no_step_drafts_and_drafting_resumes_after(t
     expected = [c.token_ids for c in plain.generate(prompts, params)]
     generator = _eagle_generator(tokenizer, spec={"disable_by_batch_size": 2})
     drafter, running = generator.speculation.drafter, []
-    record = drafter.record
+    record = drafter.record_features
 
     def counting_record(seq, start, rows):
         running.append(len(generator.scheduler.running))
         record(seq, start, rows)
 
-    drafter.record = counting_record
+    drafter.record_features = counting_record
     assert _run_checking_features(generator, prompts, params, always_drafts=False) == expected
     assert running and max(running) <= 2  # none kept while 3 ran
     assert generator.speculation.stats.num_accepted_tokens > 0
@@ -356,7 +369,7 @@ H, HKV, D, B = 2, 1, 2, 4
 
 def _graph(path: Path, nodes, inputs, outputs, init) -> Path:
     onnx = pytest.importorskip("onnx")
-    from onnx import helper
+    from onnx import helper  # a build-time dependency: only these graph writers need it
 
     graph = helper.make_graph(nodes, path.stem, inputs, outputs, init)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
@@ -368,6 +381,7 @@ def _graph(path: Path, nodes, inputs, outputs, init) -> Path:
 
 
 def _paged_inputs(*extra):
+    # onnx: a build-time dependency (skipped without it, `_graph`)
     from onnx import TensorProto as t
     from onnx import helper
 
@@ -387,6 +401,7 @@ def _paged_inputs(*extra):
 
 def _kv_nodes():
     """new_k_0 = new_v_0 = position + 1, [S, Q, HKV*D]."""
+    # onnx: a build-time dependency (skipped without it, `_graph`)
     from onnx import TensorProto as t
     from onnx import helper
 
@@ -411,6 +426,7 @@ def _kv_nodes():
 
 def _write_target(path: Path, aux: bool) -> Path:
     """logits [N, V]: a one-hot of token + 1; aux_hidden [S, Q, 3] = (token, position, 7)."""
+    # onnx: a build-time dependency (skipped without it, `_graph`)
     from onnx import TensorProto as t
     from onnx import helper
 
@@ -449,6 +465,7 @@ def _write_target(path: Path, aux: bool) -> Path:
 def _write_layer(path: Path) -> Path:
     """draft_tokens = input token + int(hidden[..., 0]), draft_hidden = hidden + 1 (of the
     logits_indices rows); K = V = position + 1."""
+    # onnx: a build-time dependency (skipped without it, `_graph`)
     from onnx import TensorProto as t
     from onnx import helper
 
@@ -481,6 +498,7 @@ def _write_layer(path: Path) -> Path:
 
 def _write_fc(path: Path, weight=(1, 0, 0, 1, 0, 0)) -> Path:
     """hidden = features @ weight [3, H]; by default (token, position)."""
+    # onnx: a build-time dependency (skipped without it, `_graph`)
     from onnx import TensorProto as t
     from onnx import helper
 
@@ -532,7 +550,7 @@ def test_the_artifacts_draft_graphs_propose_through_the_drafter(tmp_path):
     drafter = EagleDrafter(draft)
     tokens = [10, 11, 12, 13, 14]
     seq = _sequence(target_pool, tokens, reserve=3)
-    drafter.record(seq, 0, features(np.array(tokens[:4]), np.arange(4)))
+    drafter.record_features(seq, 0, features(np.array(tokens[:4]), np.arange(4)))
     # d1 = tok[4] + tok[3] (the last row's fc'd features) = 27, h1 = (14, 4); d2 = 27 + 14,
     # h2 = (15, 5); d3 = 41 + 15.
     assert drafter.propose([seq], [3]) == [[27, 41, 56]]

@@ -12,6 +12,10 @@ from __future__ import annotations
 import pytest
 
 from ingot.runtime import LoadedModel, SamplingParams
+from ingot.runtime.engines.onnxruntime.session import EngineSession
+from ingot.runtime.speculative import SpeculativeConfig
+from ingot.runtime.speculative.draft_model import DraftModelDrafter
+from ingot.runtime.speculative.load import DraftModel
 
 from fixtures import SCHEDULER_ARGS, SCHEDULER_CASES
 
@@ -93,11 +97,6 @@ def _self_drafting(artifact, **load):
     """A generator whose draft model is the target itself (its own engine on a second pool),
     so greedy drafts should all be accepted: what tests the draft's K/V bookkeeping (catch-up,
     the last accepted draft, rejected slots written again, preemption)."""
-    from ingot.runtime.engines.onnxruntime.session import EngineSession
-    from ingot.runtime.speculative import SpeculativeConfig
-    from ingot.runtime.speculative.draft_model import DraftModelDrafter
-    from ingot.runtime.speculative.load import DraftModel
-
     model = LoadedModel.load(artifact, speculative_config=False, **load)
     manifest = model.manifest
     draft_pool = type(model.pool)(

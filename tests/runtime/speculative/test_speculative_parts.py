@@ -9,6 +9,7 @@ from ingot.runtime.kv_pool import BlockAllocator, BlockTable
 from ingot.runtime.speculative import SpeculativeConfig
 from ingot.runtime.speculative.ngram import propose_ngram
 from ingot.runtime.speculative.policy import DraftPolicy, DraftState
+from ingot.runtime.speculative.step_rate import PROBE_EVERY, WARMUP, StepRates
 
 
 @pytest.mark.parametrize(
@@ -94,8 +95,6 @@ def test_config_keys_override_the_artifact_default():
 
 
 def test_step_rates_pick_the_faster_kind_per_batch_size_and_probe_the_other():
-    from ingot.runtime.speculative.step_rate import PROBE_EVERY, WARMUP, StepRates
-
     rates = StepRates()
     kinds = []
     for _ in range(2 * WARMUP):  # warm-up alternates: both kinds get measured

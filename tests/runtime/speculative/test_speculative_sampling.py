@@ -17,7 +17,7 @@ import pytest
 from ingot.runtime.generate import Generator, GeneratorConfig
 from ingot.runtime.kv_pool import KVPool
 from ingot.runtime.sampling import SamplingParams, make_rng, sample_verified, sampling_distribution
-from ingot.runtime.speculative import Speculation, SpeculativeConfig
+from ingot.runtime.speculative import Drafter, Speculation, SpeculativeConfig
 
 V = 4
 
@@ -71,17 +71,11 @@ class TableSession:
         return logits, [(kv, kv)]
 
 
-class FixedDrafter:
+class FixedDrafter(Drafter):
     """Always proposes tokens 1, 1, 3 (whatever the context)."""
 
     def propose(self, seqs, ks):
         return [[1, 1, 3][:k] for k in ks]
-
-    def observe(self, batch, chunks):
-        pass
-
-    def accepted(self, seq):
-        pass
 
 
 def _first_two(speculate: bool, n: int, tokenizer) -> Counter:
