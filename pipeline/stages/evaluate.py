@@ -22,8 +22,9 @@ from ingot.runtime.loader import DrafterFiles, EngineFiles
 
 from ..engines import ENGINE_BUILDERS
 from ..evaluate.engine import engine_perplexity
+from ..evaluate.markdown import render_markdown
 from ..evaluate.perplexity import perplexity
-from ..evaluate.report import perplexity_report, render_markdown
+from ..evaluate.report import perplexity_report
 from ..evaluate.speculative import SpeculativePrompts, measure_speculation
 from ..evaluate.windows import EvalWindows
 from ..heads.eagle_export import FC_FILE as EAGLE_FC
