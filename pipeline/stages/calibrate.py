@@ -5,12 +5,13 @@ The data is read, tokenized and sampled while the build validates (seconds, befo
 work), so a missing, unreadable or too-small dataset fails first; the stage then only stores
 the windows (``tokens.safetensors`` + ``calibration.json``) in the cache for the quantize stage.
 
-`calibration.device` is resolved here too (`auto` -> cuda when torch sees one, else cpu; cuda
-on a host without one fails in one line), and travels to the quantize stage with the windows:
-``device.json`` holds the resolved device and the `offload` setting, and the stage's key slice
-(which is also the quantize stage's `calibration` slice) holds them whenever they are not the
-defaults. So a device that resolves to cpu leaves both keys as they were, and a CUDA run, whose
-kernels round differently, is never served a CPU run's output (nor the reverse).
+`calibration.device` is resolved while preparing too (`device.py`: `auto` -> cuda when torch
+sees one, else cpu; cuda on a host without one fails in one line), and travels to the quantize
+stage with the windows: ``device.json`` holds the resolved device and the `offload` setting,
+and the stage's key slice (which is also the quantize stage's `calibration` slice) holds them
+whenever they are not the defaults. So a device that resolves to cpu leaves both keys as they
+were, and a CUDA run, whose kernels round differently, is never served a CPU run's output (nor
+the reverse).
 """
 
 from __future__ import annotations
@@ -25,32 +26,15 @@ from typing import Any
 from ingot.calibration.dataset import CalibrationSet, is_local_dataset, load_calibration
 
 from ..chat_template import chat_template_of
+from ..device import DeviceSettings, resolve_device
 from ..model.config import ModelConfig
 from ..quantize.layerwise import needs_calibration
-from ..recipe import Quantize, Recipe, RecipeError
-from ..recipe.errors import format_problem
+from ..recipe import Quantize, Recipe
 
-__all__ = [
-    "DEVICE_FILE",
-    "DeviceSettings",
-    "PreparedCalibration",
-    "prepare_calibration",
-    "read_device_settings",
-    "resolve_device",
-]
+__all__ = ["DEVICE_FILE", "PreparedCalibration", "prepare_calibration", "read_device_settings"]
 
 DEVICE_FILE = "device.json"  # {"device": resolved, "offload": "cpu" | "disk"}
 _RUN_FIELDS = ("device", "offload")  # how the quantize stage runs, not what the windows are
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceSettings:
-    """Where the quantize stage computes (a resolved torch device: cpu, cuda, cuda:N) and
-    where it keeps the activations between layers (cpu: memory up to the budget, then disk;
-    disk: always disk)."""
-
-    device: str = "cpu"
-    offload: str = "cpu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,31 +73,6 @@ def read_device_settings(calibration_dir: Path) -> DeviceSettings:
         return DeviceSettings()
     data = json.loads(file.read_text())
     return DeviceSettings(data["device"], data["offload"])
-
-
-def resolve_device(spec: str, *, file: str | None = None) -> str:
-    """``calibration.device`` on this host: auto -> cuda when torch.cuda.is_available(), else
-    cpu; cpu, cuda and cuda:N as written, once this host is known to have them. Raises
-    RecipeError (one line naming `calibration.device`) for a CUDA device the host lacks."""
-    import torch
-
-    if spec == "cpu":
-        return "cpu"
-    available = torch.cuda.is_available()
-    if spec == "auto":
-        return "cuda" if available else "cpu"
-    if not available:
-        what = "no CUDA device on this host (torch.cuda.is_available() is False)"
-        raise RecipeError(
-            [format_problem("calibration.device", what, spec, "auto, cpu", file=file)]
-        )
-    _, _, index = spec.partition(":")
-    count = torch.cuda.device_count()
-    if index and int(index) >= count:
-        what = f"this host has {count} CUDA device{'s' if count != 1 else ''}"
-        allowed = f"auto, cpu, cuda, cuda:0 .. cuda:{count - 1}"
-        raise RecipeError([format_problem("calibration.device", what, spec, allowed, file=file)])
-    return spec
 
 
 def prepare_calibration(

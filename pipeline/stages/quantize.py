@@ -19,11 +19,12 @@ from pathlib import Path
 
 from ingot.calibration.dataset import CalibrationSet
 
+from ..device import DeviceSettings
 from ..model.load import CheckpointReader
 from ..quantize.driver import quantize_layers
 from ..quantize.layerwise import needs_calibration
 from ..recipe.quantize import Quantize
-from .calibrate import DeviceSettings, read_device_settings
+from .calibrate import read_device_settings
 
 __all__ = ["run_quantize"]
 

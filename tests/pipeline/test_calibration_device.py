@@ -19,6 +19,7 @@ from ingot.calibration.activations import ActivationStore
 from ingot.calibration.dataset import CalibrationSet
 from ingot.cli import main
 from ingot.pipeline.cache import directory_digest
+from ingot.pipeline.device import DeviceSettings, resolve_device
 from ingot.pipeline.model.load import CheckpointReader, load_model
 from ingot.pipeline.quantize import driver
 from ingot.pipeline.quantize.checkpoint import load_ir
@@ -27,11 +28,9 @@ from ingot.pipeline.recipe.quantize import quantize_entry
 from ingot.pipeline.stages import quantize as quantize_stage
 from ingot.pipeline.stages.calibrate import (
     DEVICE_FILE,
-    DeviceSettings,
     PreparedCalibration,
     prepare_calibration,
     read_device_settings,
-    resolve_device,
 )
 
 from fixtures import make_checkpoint, model_config, write_recipe, write_tokenizer
