@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ingot.calibration.dataset import CalibrationSet, is_local_dataset, load_calibration
 
@@ -30,11 +30,26 @@ from ..device import DeviceSettings, resolve_device
 from ..model.config import ModelConfig
 from ..quantize.layerwise import needs_calibration
 from ..recipe import Quantize, Recipe
+from .stage import Input, Stage, StageOutput
 
-__all__ = ["DEVICE_FILE", "PreparedCalibration", "prepare_calibration", "read_device_settings"]
+__all__ = [
+    "CalibrateOutput",
+    "Calibrated",
+    "PreparedCalibration",
+    "calibrate_stage",
+    "prepare_calibration",
+    "read_device_settings",
+]
 
-DEVICE_FILE = "device.json"  # {"device": resolved, "offload": "cpu" | "disk"}
 _RUN_FIELDS = ("device", "offload")  # how the quantize stage runs, not what the windows are
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrateOutput(StageOutput):
+    """``tokens.safetensors`` + ``calibration.json`` (the windows: `CalibrationSet.save`) and
+    ``device.json`` (the resolved device and the offload setting)."""
+
+    DEVICE: ClassVar[str] = "device.json"  # {"device": resolved, "offload": "cpu" | "disk"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +78,47 @@ class PreparedCalibration:
     def save(self, out: Path) -> None:
         self.calibration.save(out)
         settings = {"device": self.settings.device, "offload": self.settings.offload}
-        (out / DEVICE_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
+        (out / CalibrateOutput.DEVICE).write_text(text)
 
 
 def read_device_settings(calibration_dir: Path) -> DeviceSettings:
     """The device settings a calibrate stage output carries (cpu, cpu without the file)."""
-    file = calibration_dir / DEVICE_FILE
+    file = calibration_dir / CalibrateOutput.DEVICE
     if not file.is_file():
         return DeviceSettings()
     data = json.loads(file.read_text())
     return DeviceSettings(data["device"], data["offload"])
+
+
+@dataclass(frozen=True, slots=True)
+class Calibrated:
+    """A calibrate stage and the windows it stores: what a stage that reads them adds to its
+    key (the calibration slice, the data's digest and the calibrate stage's output)."""
+
+    stage: Stage[CalibrateOutput]
+    prepared: PreparedCalibration
+
+    @property
+    def key_slice(self) -> dict[str, Any]:
+        return self.prepared.key_slice
+
+    def inputs(self) -> dict[str, Input]:
+        return {"dataset": self.prepared.calibration.dataset_digest, "calibrate": self.stage}
+
+
+def calibrate_stage(prefix: str, source_digest: str, prepared: PreparedCalibration) -> Calibrated:
+    """The calibrate stage of one model (`prefix`: "" for the target, "draft-" for a draft
+    model): keyed on the calibration slice, the source and the data; stores the windows."""
+    inputs = {"source": source_digest, "dataset": prepared.calibration.dataset_digest}
+    stage = Stage(
+        f"{prefix}calibrate",
+        CalibrateOutput,
+        prepared.key_slice,
+        inputs,
+        lambda job: prepared.save(job.out),
+    )
+    return Calibrated(stage, prepared)
 
 
 def prepare_calibration(

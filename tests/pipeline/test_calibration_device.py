@@ -27,7 +27,7 @@ from ingot.pipeline.recipe import RecipeError, load_recipe
 from ingot.pipeline.recipe.quantize import quantize_entry
 from ingot.pipeline.stages import quantize as quantize_stage
 from ingot.pipeline.stages.calibrate import (
-    DEVICE_FILE,
+    CalibrateOutput,
     PreparedCalibration,
     prepare_calibration,
     read_device_settings,
@@ -199,9 +199,10 @@ def test_the_calibrate_output_carries_the_settings(tmp_path, two_gpus):
     out = tmp_path / "calibrate"
     out.mkdir()
     calibration.save(out)
-    assert json.loads((out / DEVICE_FILE).read_text()) == {"device": "cuda", "offload": "disk"}
+    device_file = out / CalibrateOutput.DEVICE
+    assert json.loads(device_file.read_text()) == {"device": "cuda", "offload": "disk"}
     assert read_device_settings(out) == DeviceSettings("cuda", "disk")
-    (out / DEVICE_FILE).unlink()
+    device_file.unlink()
     assert read_device_settings(out) == DeviceSettings("cpu", "cpu")
 
 
