@@ -11,23 +11,20 @@ graphs, as a manifest would name them once packaged.
 
 The key holds what is measured and how, not the gates (`judge_gates`, after the stage: a
 changed `max_delta` or `min_accepted_length` re-judges without re-measuring), and the digest
-of the runtime modules it runs: the runtime computes the numbers.
+of the whole runtime package's source: the runtime computes the numbers.
 """
 
 from __future__ import annotations
 
-import ast
 import gc
-import hashlib
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import ingot.runtime
 from ingot.runtime.loader import DrafterFiles, EngineFiles
 
+from ..cache import code_digest
 from ..engines import ENGINE_BUILDERS
 from ..evaluate.engine import engine_perplexity
 from ..evaluate.markdown import render_markdown
@@ -100,23 +97,13 @@ def evaluate_stage(
         # max_delta is left out of the key: changing the gate re-judges, it does not re-measure.
         key_slice["perplexity"] = evaluation.spec.model_dump(mode="json", exclude={"max_delta"})
         keyed |= {"quantize": target.quantize, "dataset": evaluation.digest}
-    # The runtime's loader, and the engine plug-in it finds by name (not by an import).
-    runtime = ["ingot.runtime.loader", "ingot.runtime.engines.onnxruntime"]
     drafter = _Drafter()
     if speculative is not None:
-        runtime += [
-            "ingot.runtime.generate",
-            "ingot.runtime.speculative.load",
-            "ingot.runtime.speculative.draft_model",
-            "ingot.runtime.speculative.ngram",
-            "ingot.runtime.speculative.medusa",
-            "ingot.runtime.speculative.eagle",
-        ]
         key_slice["speculative"] = speculative.key_slice()
         keyed["speculative_dataset"] = speculative.digest
         drafter = _Drafter.declare(speculative.method.method, first, draft, heads, eagle)
         keyed |= drafter.inputs()
-    keyed["runtime"] = _runtime_digest(runtime)
+    keyed["runtime"] = runtime_digest()
     # Read, not keyed: the graph interface the engine was built from (graph.json), which the
     # runtime opens it with (the engine's digest covers it); the IR is keyed when scored.
     reads = (target.export, target.quantize, *drafter.reads())
@@ -133,44 +120,11 @@ def evaluate_stage(
     return Stage("evaluate", EvaluateOutput, key_slice, keyed, produce, reads)
 
 
-def _runtime_digest(modules: Sequence[str]) -> str:
-    """sha256 of the runtime modules the evaluate stage runs the engine through and of every
-    runtime module they import (found in their source: ``ingot.runtime.*`` imports, however
-    deep): they are not in `tool_versions`' build-code digest (a runtime edit must not re-key
-    every stage), but they compute the stage's numbers."""
-    root = Path(ingot.runtime.__file__).parent
-    files: dict[str, Path] = {}
-    todo = list(modules)
-    while todo:
-        name = todo.pop()
-        file = _runtime_module_file(root, name)
-        if file is None or name in files:
-            continue
-        files[name] = file
-        for node in ast.walk(ast.parse(file.read_bytes())):
-            if isinstance(node, ast.Import):
-                todo += [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                # `from ingot.runtime.x import y`: module x, or y when it is a submodule
-                todo += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-    digest = hashlib.sha256()
-    for name in sorted(files):
-        digest.update(name.encode())
-        digest.update(files[name].read_bytes())
-    return "sha256:" + digest.hexdigest()
-
-
-def _runtime_module_file(root: Path, name: str) -> Path | None:
-    """The source file of runtime module `name` (a package's __init__.py), or None for one
-    outside ingot.runtime, a name that is not a module, or ingot.runtime itself (whose
-    __init__ only re-exports)."""
-    if not name.startswith("ingot.runtime."):
-        return None
-    path = root.joinpath(*name.split(".")[2:])
-    for file in (path.with_suffix(".py"), path / "__init__.py"):
-        if file.is_file():
-            return file
-    return None
+def runtime_digest() -> str:
+    """sha256 of every module of the runtime package (`code_digest`): it computes the
+    stage's numbers, and is not in `tool_versions`' build-code digest (a runtime edit must not
+    re-key every stage)."""
+    return "sha256:" + code_digest("ingot.runtime")
 
 
 @dataclass(frozen=True, slots=True)

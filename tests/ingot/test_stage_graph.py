@@ -49,6 +49,16 @@ def _sha256_json(value) -> str:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
+def _runtime_source_digest() -> str:
+    """Every .py of the runtime package, sorted by relative path: path, then bytes."""
+    root = REPO / "runtime"
+    digest = hashlib.sha256()
+    for file in sorted(root.rglob("*.py")):
+        digest.update(file.relative_to(root).as_posix().encode())
+        digest.update(file.read_bytes())
+    return "sha256:" + digest.hexdigest()
+
+
 def test_each_key_is_the_formula_over_its_slice_and_inputs(tmp_path):
     path = _demo_recipe(tmp_path)
     result = build(path, tmp_path / "out", cache=StageCache(tmp_path / "cache"))
@@ -57,6 +67,7 @@ def test_each_key_is_the_formula_over_its_slice_and_inputs(tmp_path):
     source = _sha256_json(lock["source"]["files"])
     quantize, export = stages["quantize"]["output"], stages["export"]["output"]
     entries = [entry.model_dump(mode="json") for entry in recipe.quantize]
+    perplexity = recipe.evaluate.perplexity.model_dump(mode="json", exclude={"max_delta"})
     expected = {
         "quantize": ("quantize", {"quantize": entries}, {"source": source}),
         "export": ("export", recipe.stage_slice("export"), {"quantize": quantize}),
@@ -66,10 +77,21 @@ def test_each_key_is_the_formula_over_its_slice_and_inputs(tmp_path):
             {"export": export, "quantize": quantize},
         ),
         "interop:gptq": ("interop", {"interop": "gptq"}, {"quantize": quantize, "source": source}),
+        "evaluate": (
+            "evaluate",
+            {"engine": "onnxruntime-cpu", "perplexity": perplexity},
+            {
+                "engine": stages["engine:onnxruntime-cpu"]["output"],
+                "source": source,
+                "quantize": quantize,
+                "dataset": lock["eval_dataset"]["text"],
+                "runtime": _runtime_source_digest(),  # the whole package, not a module list
+            },
+        ),
     }
     keys = {name: stage_key(kind, s, inputs, tools) for name, (kind, s, inputs) in expected.items()}
-    assert {name: stages[name]["key"] for name in keys} == keys
-    assert [run.stage for run in result.stages] == [*expected, "evaluate", "package"]
+    assert {name: entry["key"] for name, entry in stages.items()} == keys
+    assert [run.stage for run in result.stages] == [*expected, "package"]
 
 
 def test_the_graph_lists_each_stage_after_what_it_reads(tmp_path):
