@@ -18,6 +18,7 @@ this build verified.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ from typing import Any
 
 from ingot.artifacts.digest import sha256_file
 
-__all__ = ["StageCache", "stage_key", "default_cache_dir", "directory_digest"]
+__all__ = ["StageCache", "code_digest", "default_cache_dir", "directory_digest", "stage_key"]
 
 
 def default_cache_dir() -> Path:
@@ -54,6 +55,22 @@ def directory_digest(root: Path) -> tuple[str, dict[str, str]]:
     }
     blob = json.dumps(files, sort_keys=True, separators=(",", ":")).encode()
     return "sha256:" + hashlib.sha256(blob).hexdigest(), files
+
+
+def code_digest(*packages: str) -> str:
+    """sha256 (hex) over the source of the named packages: each one's every ``.py``, sorted by
+    path, as its path relative to the package and its bytes. A stage key's input for code
+    whose version number does not change with its source (an editable install)."""
+    digest = hashlib.sha256()
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ValueError(f"code_digest: no package {name}")
+        root = Path(spec.origin).parent
+        for file in sorted(root.rglob("*.py")):
+            digest.update(file.relative_to(root).as_posix().encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
 
 
 _DIGEST = ".digest"  # an entry's directory_digest, taken when it was written

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ingot.runtime.tokenizer import ChatTemplateError, check_chat_template
+
 from .recipe import Recipe, RecipeError
 
 __all__ = ["chat_template_of", "recipe_chat_template"]
@@ -27,8 +29,6 @@ def recipe_chat_template(recipe: Recipe, recipe_path: Path) -> str | None:
     """The text of `artifact.chat_template`, resolved against the recipe's directory like
     source.path and checked to compile where the runtime renders it; None if not set. A
     missing, unreadable or broken template is a RecipeError, before any stage runs."""
-    from ingot.runtime.tokenizer import ChatTemplateError, check_chat_template
-
     if recipe.artifact.chat_template is None:
         return None
     where = f"{recipe_path}: artifact.chat_template"

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 from ingot.common.errors import IngotError
 from ingot.runtime.memory import host_memory_available
 
+from .device import resolve_device
 from .plan import CONSTANTS, Plan, format_bytes
 
 __all__ = [
@@ -143,8 +144,6 @@ class ResourceCheck:
 def calibration_device(recipe: Any) -> str | None:
     """The recipe's calibration device (``calibration.device``), auto resolved on this host
     (cuda or cpu), when it has one."""
-    from .stages.calibrate import resolve_device
-
     calibration = getattr(recipe, "calibration", None)
     device = getattr(calibration, "device", None)
     if device is None:

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 from torch import nn
 
 from .errors import EvalDataError
@@ -20,8 +21,6 @@ __all__ = ["tokenize", "token_windows", "perplexity"]
 
 def tokenize(text: str, tokenizer_json: Path) -> list[int]:
     """Token ids of `text` with the checkpoint's tokenizer, without special tokens."""
-    from tokenizers import Tokenizer
-
     return Tokenizer.from_file(str(tokenizer_json)).encode(text, add_special_tokens=False).ids
 
 

@@ -5,8 +5,8 @@ in torch, and the engine that ships (the artifact's first engine, run as the run
 int8 activations included where it computes with them; report.md says how it computes as its
 engine plug-in describes it). ``delta`` is the quantized IR's against the original,
 ``engine_delta`` the engine's; the gate judges the engine's, since that is what the artifact
-serves. The `speculative` block (mean accepted
-length) is speculative.py's; report.md gets a section per block.
+serves. The `speculative` block (mean accepted length) is speculative.py's; report.md gets a
+section per block (markdown.py).
 """
 
 from __future__ import annotations
@@ -15,13 +15,7 @@ from typing import Any
 
 from ingot.common.errors import IngotError
 
-__all__ = [
-    "EvalGateError",
-    "perplexity_report",
-    "render_markdown",
-    "perplexity_summary",
-    "check_perplexity_gate",
-]
+__all__ = ["EvalGateError", "check_perplexity_gate", "perplexity_report", "perplexity_summary"]
 
 _DIGITS = 6  # reported precision; the build decides pass / fail on these same numbers
 
@@ -59,42 +53,6 @@ def perplexity_report(
         "engine_name": engine_name,
         "engine_matmul_accuracy_level": matmul_accuracy_level,
     }
-
-
-def render_markdown(report: dict[str, Any], engine_label: str) -> str:
-    """report.md: a section per measurement the report holds (perplexity, speculative);
-    `engine_label` says how the engine computes (its builder's `describe`)."""
-    from .speculative import speculative_markdown
-
-    lines = ["# Evaluation", ""]
-    if "perplexity" in report:
-        lines += _perplexity_markdown(report["perplexity"], engine_label)
-    if "speculative" in report:
-        lines += speculative_markdown(report["speculative"], engine_label)
-    return "\n".join(lines)
-
-
-def _perplexity_markdown(ppl: dict[str, Any], engine_label: str) -> list[str]:
-    return [
-        f"Perplexity on `{ppl['dataset']}` ({ppl['windows']} windows of {ppl['seq_len']} "
-        f"tokens, {ppl['tokens_scored']} tokens scored; text {ppl['dataset_sha256']}).",
-        "",
-        "| model | perplexity | delta vs original |",
-        "|---|---:|---:|",
-        f"| original (float, PyTorch) | {ppl['original']:.4f} | |",
-        f"| quantized IR (PyTorch) | {ppl['quantized']:.4f} | "
-        f"{_delta(ppl['delta'], ppl['relative_delta'])} |",
-        f"| engine `{ppl['engine_name']}` ({engine_label}) | {ppl['engine']:.4f} | "
-        f"{_delta(ppl['engine_delta'], ppl['engine_relative_delta'])} |",
-        "",
-        "The gate (`evaluate.perplexity.max_delta`) judges the engine's delta: the engine is "
-        "what the artifact serves.",
-        "",
-    ]
-
-
-def _delta(delta: float, relative: float) -> str:
-    return f"{delta:+.4f} ({100 * relative:+.2f}%)"
 
 
 def perplexity_summary(report: dict[str, Any], max_delta: float | None) -> dict[str, Any]:

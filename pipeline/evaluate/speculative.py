@@ -51,7 +51,6 @@ __all__ = [
     "SpeculativePrompts",
     "check_speculative_gate",
     "measure_speculation",
-    "speculative_markdown",
     "speculative_prompts",
     "speculative_summary",
 ]
@@ -244,38 +243,6 @@ def _report(
         "plain_target_calls": calls[1],
         "greedy_match": sum(a == b for a, b in zip(drafted, greedy, strict=True)),
     }
-
-
-def speculative_markdown(spec: dict[str, Any], engine_label: str) -> list[str]:
-    """report.md's section on speculative decoding (lines); `engine_label` says how the engine
-    computes (its builder's `describe`)."""
-    method = f"`{spec['method']}`, k = {spec['num_speculative_tokens']}"
-    if spec["method"] == "ngram":
-        method += f", prompt lookup {spec['prompt_lookup_min']}..{spec['prompt_lookup_max']}"
-    k_rates = ", ".join(f"{r:.3f}" for r in spec["accepted_per_position"])
-    return [
-        "## Speculative decoding",
-        "",
-        f"{method}, on engine `{spec['engine_name']}` ({engine_label}): "
-        f"{spec['prompts']} prompts of {spec['prompt_tokens']} tokens from "
-        f"`{spec['dataset']}` (text {spec['dataset_sha256']}), {spec['max_tokens']} greedy "
-        f"tokens each (EOS ignored), {spec['batching']}, no back-off.",
-        "",
-        "| measure | value |",
-        "|---|---:|",
-        f"| mean accepted length (tokens per verification) | {spec['mean_accepted_length']:.4f} |",
-        f"| acceptance rate (accepted / drafted tokens) | {spec['acceptance_rate']:.4f} |",
-        f"| verifications with drafts | {spec['drafts']} |",
-        f"| drafted / accepted tokens | {spec['draft_tokens']} / {spec['accepted_tokens']} |",
-        f"| accepted at draft position 1..k (per verification) | {k_rates} |",
-        f"| target calls, speculative / plain | {spec['target_calls']} / "
-        f"{spec['plain_target_calls']} |",
-        f"| prompts whose tokens equal plain greedy decoding | {spec['greedy_match']} / "
-        f"{spec['prompts']} |",
-        "",
-        "The gate (`evaluate.speculative.min_accepted_length`) judges the mean accepted length.",
-        "",
-    ]
 
 
 def speculative_summary(report: dict[str, Any], min_accepted_length: float | None) -> dict:

@@ -96,7 +96,7 @@ def _hub_documents(dataset: str, text_field: str, split: str, where: str) -> lis
 
 def _load_dataset(where: str, *args, **kwargs):
     try:
-        import datasets
+        import datasets  # optional, and seconds to import: only for the formats that need it
     except ImportError:
         raise EvalDataError(
             f"{where}.dataset: reading this dataset needs the `datasets` package "

@@ -20,46 +20,20 @@ GPTQ, AWQ and GGUF hold no KV scheme: their writers ignore the KV cache.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from pathlib import Path
-
 import torch
 
 from ..model.kv_quant import KVScales
 from .errors import InteropError
 
-__all__ = [
-    "KV_SCHEME_FORMATS",
-    "kv_cache_scheme",
-    "kv_scale_tensors",
-    "kv_scales_digest",
-    "read_kv_scales",
-]
+__all__ = ["KV_SCHEME_FORMATS", "kv_cache_scheme", "kv_scale_tensors"]
 
 # The interop formats that store a KV cache scheme, with the KV dtypes each holds.
 KV_SCHEME_FORMATS = {"compressed-tensors": ("fp8",)}
 
 
-def read_kv_scales(export_dir: Path) -> KVScales | None:
-    """The export stage's calibrated K/V scales (graph.json `kv_scales`), None without them."""
-    from ..stages.export import GRAPH_INFO
-
-    graph = json.loads((export_dir / GRAPH_INFO).read_text())
-    if "kv_scales" not in graph:
-        return None
-    return KVScales.from_json(graph["kv_dtype"], graph["kv_scales"])
-
-
-def kv_scales_digest(scales: KVScales) -> str:
-    """sha256 of the scales and their dtype: what an interop stage that stores them is keyed
-    on (not the whole export: a graph change that leaves the scales alone re-keys nothing)."""
-    blob = json.dumps({"dtype": scales.dtype, **scales.to_json()}, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
-
-
 def kv_cache_scheme(scales: KVScales):
     """compressed-tensors' `QuantizationArgs` for the KV cache: llm-compressor's FP8 one."""
+    # compressed-tensors takes ~3 s to import: only when such a checkpoint is written
     from compressed_tensors.quantization import QuantizationArgs
 
     if scales.dtype not in KV_SCHEME_FORMATS["compressed-tensors"]:

@@ -5,12 +5,13 @@ The data is read, tokenized and sampled while the build validates (seconds, befo
 work), so a missing, unreadable or too-small dataset fails first; the stage then only stores
 the windows (``tokens.safetensors`` + ``calibration.json``) in the cache for the quantize stage.
 
-`calibration.device` is resolved here too (`auto` -> cuda when torch sees one, else cpu; cuda
-on a host without one fails in one line), and travels to the quantize stage with the windows:
-``device.json`` holds the resolved device and the `offload` setting, and the stage's key slice
-(which is also the quantize stage's `calibration` slice) holds them whenever they are not the
-defaults. So a device that resolves to cpu leaves both keys as they were, and a CUDA run, whose
-kernels round differently, is never served a CPU run's output (nor the reverse).
+`calibration.device` is resolved while preparing too (`device.py`: `auto` -> cuda when torch
+sees one, else cpu; cuda on a host without one fails in one line), and travels to the quantize
+stage with the windows: ``device.json`` holds the resolved device and the `offload` setting,
+and the stage's key slice (which is also the quantize stage's `calibration` slice) holds them
+whenever they are not the defaults. So a device that resolves to cpu leaves both keys as they
+were, and a CUDA run, whose kernels round differently, is never served a CPU run's output (nor
+the reverse).
 """
 
 from __future__ import annotations
@@ -20,37 +21,35 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ingot.calibration.dataset import CalibrationSet, is_local_dataset, load_calibration
 
 from ..chat_template import chat_template_of
+from ..device import DeviceSettings, resolve_device
 from ..model.config import ModelConfig
 from ..quantize.layerwise import needs_calibration
-from ..recipe import Quantize, Recipe, RecipeError
-from ..recipe.errors import format_problem
+from ..recipe import Quantize, Recipe
+from .stage import Input, Stage, StageOutput
 
 __all__ = [
-    "DEVICE_FILE",
-    "DeviceSettings",
+    "CalibrateOutput",
+    "Calibrated",
     "PreparedCalibration",
+    "calibrate_stage",
     "prepare_calibration",
     "read_device_settings",
-    "resolve_device",
 ]
 
-DEVICE_FILE = "device.json"  # {"device": resolved, "offload": "cpu" | "disk"}
 _RUN_FIELDS = ("device", "offload")  # how the quantize stage runs, not what the windows are
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceSettings:
-    """Where the quantize stage computes (a resolved torch device: cpu, cuda, cuda:N) and
-    where it keeps the activations between layers (cpu: memory up to the budget, then disk;
-    disk: always disk)."""
+class CalibrateOutput(StageOutput):
+    """``tokens.safetensors`` + ``calibration.json`` (the windows: `CalibrationSet.save`) and
+    ``device.json`` (the resolved device and the offload setting)."""
 
-    device: str = "cpu"
-    offload: str = "cpu"
+    DEVICE: ClassVar[str] = "device.json"  # {"device": resolved, "offload": "cpu" | "disk"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,41 +78,47 @@ class PreparedCalibration:
     def save(self, out: Path) -> None:
         self.calibration.save(out)
         settings = {"device": self.settings.device, "offload": self.settings.offload}
-        (out / DEVICE_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
+        (out / CalibrateOutput.DEVICE).write_text(text)
 
 
 def read_device_settings(calibration_dir: Path) -> DeviceSettings:
     """The device settings a calibrate stage output carries (cpu, cpu without the file)."""
-    file = calibration_dir / DEVICE_FILE
+    file = calibration_dir / CalibrateOutput.DEVICE
     if not file.is_file():
         return DeviceSettings()
     data = json.loads(file.read_text())
     return DeviceSettings(data["device"], data["offload"])
 
 
-def resolve_device(spec: str, *, file: str | None = None) -> str:
-    """``calibration.device`` on this host: auto -> cuda when torch.cuda.is_available(), else
-    cpu; cpu, cuda and cuda:N as written, once this host is known to have them. Raises
-    RecipeError (one line naming `calibration.device`) for a CUDA device the host lacks."""
-    import torch
+@dataclass(frozen=True, slots=True)
+class Calibrated:
+    """A calibrate stage and the windows it stores: what a stage that reads them adds to its
+    key (the calibration slice, the data's digest and the calibrate stage's output)."""
 
-    if spec == "cpu":
-        return "cpu"
-    available = torch.cuda.is_available()
-    if spec == "auto":
-        return "cuda" if available else "cpu"
-    if not available:
-        what = "no CUDA device on this host (torch.cuda.is_available() is False)"
-        raise RecipeError(
-            [format_problem("calibration.device", what, spec, "auto, cpu", file=file)]
-        )
-    _, _, index = spec.partition(":")
-    count = torch.cuda.device_count()
-    if index and int(index) >= count:
-        what = f"this host has {count} CUDA device{'s' if count != 1 else ''}"
-        allowed = f"auto, cpu, cuda, cuda:0 .. cuda:{count - 1}"
-        raise RecipeError([format_problem("calibration.device", what, spec, allowed, file=file)])
-    return spec
+    stage: Stage[CalibrateOutput]
+    prepared: PreparedCalibration
+
+    @property
+    def key_slice(self) -> dict[str, Any]:
+        return self.prepared.key_slice
+
+    def inputs(self) -> dict[str, Input]:
+        return {"dataset": self.prepared.calibration.dataset_digest, "calibrate": self.stage}
+
+
+def calibrate_stage(prefix: str, source_digest: str, prepared: PreparedCalibration) -> Calibrated:
+    """The calibrate stage of one model (`prefix`: "" for the target, "draft-" for a draft
+    model): keyed on the calibration slice, the source and the data; stores the windows."""
+    inputs = {"source": source_digest, "dataset": prepared.calibration.dataset_digest}
+    stage = Stage(
+        f"{prefix}calibrate",
+        CalibrateOutput,
+        prepared.key_slice,
+        inputs,
+        lambda job: prepared.save(job.out),
+    )
+    return Calibrated(stage, prepared)
 
 
 def prepare_calibration(

@@ -11,15 +11,17 @@ training report, the graphs' check).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from ingot.artifacts.manifest import EagleInfo
 from ingot.calibration.dataset import CalibrationSet
 
 from ..heads.eagle_attach import AttachedEagle
-from ..heads.eagle_export import check_eagle, export_eagle
+from ..heads.eagle_export import FC_FILE, MODEL_FILE, check_eagle, export_eagle
 from ..heads.eagle_train import target_features, train_eagle
 from ..model.eagle3 import (
     Eagle3Draft,
@@ -30,12 +32,92 @@ from ..model.eagle3 import (
     save_eagle3,
 )
 from ..quantize.ir_layers import IRLayers
-from ..recipe import EagleHeads, RecipeError
+from ..recipe import EagleHeads, Recipe, RecipeError
+from .calibrate import Calibrated
+from .quantize import QuantizeOutput
+from .stage import Input, Stage, StageJob, StageOutput
 
-__all__ = ["EAGLE_RECORD", "SPECULATORS_DIR", "eagle_aux_layers", "run_eagle"]
+__all__ = ["EagleOutput", "eagle_aux_layers", "eagle_stage", "run_eagle"]
 
-EAGLE_RECORD, SPECULATORS_DIR = "eagle.json", "speculators"
 _CHECK_TOKENS = 48  # positions the exported graphs are checked on
+
+
+@dataclass(frozen=True, slots=True)
+class EagleOutput(StageOutput):
+    """``model.onnx`` (the draft layer) and ``fc.onnx`` (the target's aux states to the
+    draft's width), each with its ``.data`` (what the artifact ships), ``speculators/`` (the
+    draft in the speculators format) and ``eagle.json`` (origin, sizes, aux layers, training,
+    check)."""
+
+    GRAPH: ClassVar[str] = MODEL_FILE
+    FC: ClassVar[str] = FC_FILE
+    SHIPPED: ClassVar[tuple[str, ...]] = (
+        MODEL_FILE,
+        f"{MODEL_FILE}.data",
+        FC_FILE,
+        f"{FC_FILE}.data",
+    )
+    SPECULATORS: ClassVar[str] = "speculators"
+    RECORD: ClassVar[str] = "eagle.json"
+
+    def record(self) -> dict[str, Any]:
+        return self._json(self.RECORD)
+
+    def info(self) -> EagleInfo:
+        """The draft as the runtime opens it, its graphs' paths relative to `dir` (a
+        manifest's `speculative.eagle` names the same files, under draft/eagle/)."""
+        paths = {"method": "eagle", "path": self.GRAPH, "fc_path": self.FC}
+        return EagleInfo.model_validate({**self.record(), **paths})
+
+
+def eagle_stage(
+    recipe: Recipe,
+    quantize: Stage[QuantizeOutput],
+    calibrated: Calibrated | None,
+    attached: AttachedEagle | None,
+    verifier: str,
+) -> Stage[EagleOutput]:
+    """The EAGLE-3 stage: keyed by the quantized target (its embedding feeds the draft, and a
+    trained draft learns from it) and an attached checkpoint's files' digest, or the
+    calibration windows a trained draft learns on (resumable). `verifier` is written into
+    the speculators config.json."""
+    spec = recipe.speculative.heads
+    shape = {
+        "max_seq_len": recipe.export.max_seq_len,
+        "kv_block_size": recipe.kv_cache.block_size,
+        "num_speculative_tokens": recipe.speculative.num_speculative_tokens,
+        "verifier": verifier,
+    }
+    key_slice = {"eagle": spec.model_dump(mode="json", exclude={"attach"}), **shape}
+    inputs: dict[str, Input] = {"quantize": quantize}
+    if attached is not None:
+        return Stage(
+            "eagle",
+            EagleOutput,
+            key_slice,
+            {**inputs, "attach": attached.digest},
+            lambda job: run_eagle(
+                spec, job.out, ir_dir=job[quantize].dir, attached=attached, **shape
+            ),
+        )
+    if calibrated is None:
+        raise ValueError("eagle: training needs the calibrate stage")
+    key_slice["calibration"] = calibrated.key_slice
+    c = calibrated.stage
+
+    def train(job: StageJob) -> None:
+        run_eagle(
+            spec,
+            job.out,
+            ir_dir=job[quantize].dir,
+            calibration_dir=job[c].dir,
+            work_dir=job.work,
+            **shape,
+        )
+
+    return Stage(
+        "eagle", EagleOutput, key_slice, inputs | calibrated.inputs(), train, resumable=True
+    )
 
 
 def eagle_aux_layers(
@@ -100,7 +182,9 @@ def run_eagle(
         check_features = torch.randn(_CHECK_TOKENS, 3 * cfg.hidden_size, generator=gen)
         check_ids = torch.randint(cfg.vocab_size, (_CHECK_TOKENS,), generator=gen)
     draft.eval()
-    save_eagle3(draft, out / SPECULATORS_DIR, num_speculative_tokens, verifier, cfg.family.hf_class)
+    save_eagle3(
+        draft, out / EagleOutput.SPECULATORS, num_speculative_tokens, verifier, cfg.family.hf_class
+    )
     export_eagle(draft, out, max_seq_len=max_seq_len, kv_block_size=kv_block_size)
     check = check_eagle(draft, out, check_features, check_ids, kv_block_size)
     record = {
@@ -111,7 +195,7 @@ def run_eagle(
         "training": training,
         "check": check,
     }
-    (out / EAGLE_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    (out / EagleOutput.RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def _sizes(draft: Eagle3Draft) -> dict[str, int]:

@@ -24,28 +24,74 @@ from __future__ import annotations
 
 import gc
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from ingot.artifacts import EngineInfo
+from ingot.runtime.loader import EngineFiles
 
 from ..engines import ENGINE_BUILDERS
 from ..engines.base import EngineBuilder, EngineTarget, engine_name
-from ..export import MODEL_FILE
 from ..export.check import GraphCheck
 from ..export.errors import ExportError
 from ..quantize.ir_layers import IRLayers
-from .export import rounding_as_exported
+from .export import ExportOutput, rounding_as_exported
+from .quantize import QuantizeOutput
+from .stage import Stage, StageOutput
 
-__all__ = ["run_engine", "engine_name", "ENGINE_RECORD", "CHECK_REPORT"]
+__all__ = ["EngineOutput", "engine_stage", "run_engine"]
 
-ENGINE_RECORD, CHECK_REPORT = "engine.json", "check.json"
 EXACT_CHECK = "exact_check"  # check.json's key for the exact check of an inexact engine
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput(StageOutput):
+    """The engine's files (what its plug-in writes: the record's `path` names the one the
+    runtime opens), ``engine.json`` (the plug-in's record) and ``check.json`` (the check
+    against the IR)."""
+
+    RECORD: ClassVar[str] = "engine.json"
+    CHECK: ClassVar[str] = "check.json"
+
+    def record(self) -> dict[str, Any]:
+        """engine.json: the manifest's engine entry before it is placed in the artifact."""
+        return self._json(self.RECORD)
+
+    def check(self) -> dict[str, Any]:
+        """check.json: the engine against the IR (the manifest's `build.check`)."""
+        return self._json(self.CHECK)
+
+    def files(self, export: ExportOutput) -> EngineFiles:
+        """The engine as the runtime opens it (runtime/loader.py): the graph interface of
+        the export it was built from (`export`), its record and its engine file."""
+        record = self.record()
+        path = self.dir / Path(record["path"]).name
+        return EngineFiles(export.interface(), EngineInfo.model_validate(record), path)
+
+
+def engine_stage(
+    prefix: str,
+    target: EngineTarget,
+    export: Stage[ExportOutput],
+    quantize: Stage[QuantizeOutput],
+) -> Stage[EngineOutput]:
+    """One target's engine stage of one model (`prefix` "" or "draft-"), keyed on the target
+    entry, the graph and the IR (it checks the engine it builds against the IR)."""
+    return Stage(
+        f"{prefix}engine:{engine_name(target)}",
+        EngineOutput,
+        target.model_dump(mode="json"),
+        {"export": export, "quantize": quantize},
+        lambda job: run_engine(job[export].dir, job[quantize].dir, target, job.out),
+    )
 
 
 def run_engine(export_dir: Path, ir_dir: Path, target: EngineTarget, out: Path) -> None:
     """Write the engine files, ``engine.json`` (its record) and ``check.json`` (the check's
     report) into ``out``."""
     builder = ENGINE_BUILDERS.get(target.engine)
-    graph = export_dir / MODEL_FILE
+    graph = export_dir / ExportOutput.GRAPH
     # One IR reference for both checks of an inexact engine (`GraphCheck`): exact first.
     check_ir = GraphCheck(rounding_as_exported(IRLayers(ir_dir), export_dir))
     exact = _exact_check(builder, graph, check_ir, target)
@@ -59,8 +105,8 @@ def run_engine(export_dir: Path, ir_dir: Path, target: EngineTarget, out: Path) 
         gc.collect()
     if exact is not None:
         check[EXACT_CHECK] = exact
-    _write_json(out / ENGINE_RECORD, record)
-    _write_json(out / CHECK_REPORT, check)
+    _write_json(out / EngineOutput.RECORD, record)
+    _write_json(out / EngineOutput.CHECK, check)
 
 
 def _exact_check(

@@ -8,116 +8,225 @@ runtime's own Generator on that engine (and the draft model's engine of the same
 `evaluate/speculative.py`. Both open the stage outputs through the runtime's loader
 (runtime/loader.py): the export's graph interface, the engine's record and file, the drafter's
 graphs, as a manifest would name them once packaged.
+
+The key holds what is measured and how, not the gates (`judge_gates`, after the stage: a
+changed `max_delta` or `min_accepted_length` re-judges without re-measuring), and the digest
+of the whole runtime package's source: the runtime computes the numbers.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
-from ingot.artifacts import EngineInfo, GraphInfo
-from ingot.artifacts.manifest import EagleInfo
 from ingot.runtime.loader import DrafterFiles, EngineFiles
 
+from ..cache import code_digest
 from ..engines import ENGINE_BUILDERS
 from ..evaluate.engine import engine_perplexity
+from ..evaluate.markdown import render_markdown
 from ..evaluate.perplexity import perplexity
-from ..evaluate.report import perplexity_report, render_markdown
-from ..evaluate.speculative import SpeculativePrompts, measure_speculation
+from ..evaluate.report import check_perplexity_gate, perplexity_report, perplexity_summary
+from ..evaluate.speculative import (
+    SpeculativePrompts,
+    check_speculative_gate,
+    measure_speculation,
+    speculative_summary,
+)
 from ..evaluate.windows import EvalWindows
-from ..heads.eagle_export import FC_FILE as EAGLE_FC
-from ..heads.eagle_export import MODEL_FILE as EAGLE_MODEL
-from ..heads.export import MODEL_FILE as HEADS_MODEL
 from ..model.config import ModelConfig
 from ..model.load import load_model
 from ..quantize.checkpoint import load_ir
-from .eagle import EAGLE_RECORD
-from .engine import ENGINE_RECORD
-from .export import GRAPH_INFO
+from .eagle import EagleOutput
+from .heads import HeadsOutput
+from .model import ModelStages
+from .prepare import BuildInputs, source_digest
+from .stage import Input, Stage, StageJob, StageOutput
 
-__all__ = ["engine_files", "run_evaluate"]
+__all__ = ["EvaluateOutput", "Measured", "evaluate_stage", "judge_gates", "run_evaluate"]
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluateOutput(StageOutput):
+    """``report.json`` (the measurements) and ``report.md``, shipped as is under eval/."""
+
+    REPORT: ClassVar[str] = "report.json"
+    MARKDOWN: ClassVar[str] = "report.md"
+
+    def report(self) -> dict[str, Any]:
+        return self._json(self.REPORT)
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What the stage measures, read from the stage outputs: the float checkpoint (and its
+    tokenizer), the IR, the first target's engine and the drafter as the runtime opens them;
+    the model's config and exported max_seq_len (for speculation)."""
+
+    source: Path
+    ir: Path
+    engine: EngineFiles
+    drafter: DrafterFiles
+    cfg: ModelConfig
+    max_seq_len: int
+
+
+def evaluate_stage(
+    inputs: BuildInputs,
+    target: ModelStages,
+    draft: ModelStages | None = None,
+    heads: Stage[HeadsOutput] | None = None,
+    eagle: Stage[EagleOutput] | None = None,
+) -> Stage[EvaluateOutput]:
+    """The evaluate stage: perplexity with `inputs.evaluation`, speculation with
+    `inputs.speculative` (drafting with the `draft` model's engine of the first target's
+    name, the Medusa `heads` or the `eagle` draft, by the recipe's method)."""
+    # The engine scored is the first target's: the one the runtime prefers (and the draft
+    # model's engine of that name: the one the runtime pairs with it).
+    first = target.first_engine
+    key_slice: dict[str, Any] = {"engine": first}
+    keyed: dict[str, Input] = {
+        "engine": target.engines[first],
+        "source": source_digest(inputs.source),
+    }
+    evaluation, speculative = inputs.evaluation, inputs.speculative
+    if evaluation is not None:
+        # max_delta is left out of the key: changing the gate re-judges, it does not re-measure.
+        key_slice["perplexity"] = evaluation.spec.model_dump(mode="json", exclude={"max_delta"})
+        keyed |= {"quantize": target.quantize, "dataset": evaluation.digest}
+    drafter = _Drafter()
+    if speculative is not None:
+        key_slice["speculative"] = speculative.key_slice()
+        keyed["speculative_dataset"] = speculative.digest
+        drafter = _Drafter.declare(speculative.method.method, first, draft, heads, eagle)
+        keyed |= drafter.inputs()
+    keyed["runtime"] = runtime_digest()
+    # Read, not keyed: the graph interface the engine was built from (graph.json), which the
+    # runtime opens it with (the engine's digest covers it); the IR is keyed when scored.
+    reads = (target.export, target.quantize, *drafter.reads())
+
+    def produce(job: StageJob) -> None:
+        engine = job[target.engines[first]].files(job[target.export])
+        max_seq_len = inputs.recipe.export.max_seq_len
+        ir = job[target.quantize].dir
+        measured = Measured(
+            inputs.source.path, ir, engine, drafter.files(job), inputs.cfg, max_seq_len
+        )
+        run_evaluate(job.out, measured, evaluation, speculative)
+
+    return Stage("evaluate", EvaluateOutput, key_slice, keyed, produce, reads)
+
+
+def runtime_digest() -> str:
+    """sha256 of every module of the runtime package (`code_digest`): it computes the
+    stage's numbers, and is not in `tool_versions`' build-code digest (a runtime edit must not
+    re-key every stage)."""
+    return "sha256:" + code_digest("ingot.runtime")
+
+
+@dataclass(frozen=True, slots=True)
+class _Drafter:
+    """What the measured method drafts with, as stages: a draft model's engine (and its
+    export, read for its graph interface), the Medusa heads or the EAGLE-3 draft; none for
+    ngram (prompt lookup) or without speculation."""
+
+    method: str | None = None
+    stage: Stage[Any] | None = None
+    export: Stage[Any] | None = None  # the draft model's, for draft_model
+
+    _INPUTS: ClassVar[dict[str, str]] = {
+        "draft_model": "draft_engine",
+        "medusa": "heads",
+        "eagle": "eagle",
+    }
+
+    @classmethod
+    def declare(
+        cls,
+        method: str,
+        engine: str,
+        draft: ModelStages | None,
+        heads: Stage[HeadsOutput] | None,
+        eagle: Stage[EagleOutput] | None,
+    ) -> _Drafter:
+        if method == "draft_model" and draft is not None:
+            return cls(method, draft.engines[engine], draft.export)
+        stage = {"medusa": heads, "eagle": eagle}.get(method)
+        if method in cls._INPUTS and stage is None:
+            raise ValueError(f"speculative method {method}: no drafter stage to measure")
+        return cls(method, stage)
+
+    def inputs(self) -> dict[str, Input]:
+        return {self._INPUTS[self.method]: self.stage} if self.stage is not None else {}
+
+    def reads(self) -> tuple[Stage[Any], ...]:
+        return (self.export,) if self.export is not None else ()
+
+    def files(self, job: StageJob) -> DrafterFiles:
+        """The drafter's files as the runtime opens them (a manifest's `speculative` names
+        the same files once packaged)."""
+        if self.method == "draft_model":
+            return DrafterFiles(draft=job[self.stage].files(job[self.export]))
+        if self.method == "medusa":
+            return DrafterFiles(heads=job[self.stage].graph)
+        if self.method == "eagle":
+            eagle = job[self.stage]
+            return DrafterFiles(eagle=(eagle.dir, eagle.info()))
+        return DrafterFiles()
 
 
 def run_evaluate(
     out: Path,
-    *,
-    source_path: Path,
-    ir_dir: Path,
-    engine_dir: Path,
-    export_dir: Path,
-    perplexity_windows: EvalWindows | None = None,
-    speculative: SpeculativePrompts | None = None,
-    draft_engine_dir: Path | None = None,
-    draft_export_dir: Path | None = None,
-    heads_dir: Path | None = None,
-    eagle_dir: Path | None = None,
-    cfg: ModelConfig | None = None,
-    max_seq_len: int | None = None,
+    measured: Measured,
+    windows: EvalWindows | None,
+    speculative: SpeculativePrompts | None,
 ) -> None:
     """Write report.json and report.md (measurements only: the gates are the build's call, so
-    changing `max_delta` or `min_accepted_length` re-uses this stage). `engine_dir` is the first
-    target's engine stage output, `export_dir` the graph it was built from. `speculative` needs
-    the model's `cfg` and the exported `max_seq_len`, for draft_model the draft's engine stage
-    output of the first target's name and its export (`draft_engine_dir`, `draft_export_dir`),
-    for medusa the heads stage's output (`heads_dir`), for eagle the eagle stage's
-    (`eagle_dir`)."""
-    engine = engine_files(export_dir, engine_dir)
+    changing `max_delta` or `min_accepted_length` re-uses this stage): perplexity on
+    `windows`, speculation on the `speculative` prompts."""
+    engine = measured.engine
     report = {}
-    if perplexity_windows is not None:
-        report["perplexity"] = _perplexity(source_path, ir_dir, engine, perplexity_windows)
+    if windows is not None:
+        report["perplexity"] = _perplexity(measured.source, measured.ir, engine, windows)
     if speculative is not None:
-        if cfg is None or max_seq_len is None:
-            raise ValueError("measuring speculation needs the model's config and max_seq_len")
-        draft = None
-        if draft_engine_dir is not None and draft_export_dir is not None:
-            draft = engine_files(draft_export_dir, draft_engine_dir)
+        cfg = measured.cfg
         report["speculative"] = measure_speculation(
             speculative,
             engine,
-            _drafter(speculative.method.method, draft, heads_dir, eagle_dir),
-            source_path / "tokenizer.json",
-            max_seq_len=max_seq_len,
+            measured.drafter,
+            measured.source / "tokenizer.json",
+            max_seq_len=measured.max_seq_len,
             sliding_window=cfg.sliding_window,
             vocab_size=cfg.vocab_size,
             eos_token_ids=tuple(cfg.eos_token_ids),
         )
         gc.collect()
     builder = ENGINE_BUILDERS.get(engine.engine.engine)
-    label = builder.describe(engine.engine.model_dump(mode="json"), engine_dir)
-    (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    (out / "report.md").write_text(render_markdown(report, label))
+    label = builder.describe(engine.engine.model_dump(mode="json"), engine.path.parent)
+    text = json.dumps(report, indent=2, sort_keys=True) + "\n"
+    (out / EvaluateOutput.REPORT).write_text(text)
+    (out / EvaluateOutput.MARKDOWN).write_text(render_markdown(report, label))
 
 
-def engine_files(export_dir: Path, engine_dir: Path) -> EngineFiles:
-    """An engine stage's output as the runtime opens it (runtime/loader.py): the graph
-    interface of the export it was built from, its record and its engine file."""
-    graph = GraphInfo.model_validate(json.loads((export_dir / GRAPH_INFO).read_text()))
-    record = json.loads((engine_dir / ENGINE_RECORD).read_text())
-    path = engine_dir / Path(record["path"]).name
-    return EngineFiles(graph, EngineInfo.model_validate(record), path)
-
-
-def _drafter(
-    method: str, draft: EngineFiles | None, heads_dir: Path | None, eagle_dir: Path | None
-) -> DrafterFiles:
-    """What `method` drafts with, from the stage outputs (a manifest's `speculative` names
-    the same files once packaged: manifest_fields.py)."""
-    if method == "draft_model":
-        if draft is None:
-            raise ValueError("speculative method draft_model: no draft engine to measure")
-        return DrafterFiles(draft=draft)
-    if method == "medusa":
-        if heads_dir is None:
-            raise ValueError("speculative method medusa: no heads graph to measure")
-        return DrafterFiles(heads=heads_dir / HEADS_MODEL)
-    if method == "eagle":
-        if eagle_dir is None:
-            raise ValueError("speculative method eagle: no EAGLE-3 draft to measure")
-        record = json.loads((eagle_dir / EAGLE_RECORD).read_text())
-        paths = {"method": "eagle", "path": EAGLE_MODEL, "fc_path": EAGLE_FC}
-        return DrafterFiles(eagle=(eagle_dir, EagleInfo.model_validate({**record, **paths})))
-    return DrafterFiles()
+def judge_gates(output: EvaluateOutput | None, inputs: BuildInputs) -> dict[str, Any]:
+    """The recipe's gates on the measured report, judged after the stage and before packaging
+    (a failure keeps the previous artifact and every cached stage); the manifest's `eval`
+    summaries of what passed."""
+    if output is None:
+        return {}
+    report, fields = output.report(), {}
+    if inputs.evaluation is not None:
+        max_delta = inputs.evaluation.spec.max_delta
+        check_perplexity_gate(report, max_delta)
+        fields["perplexity"] = perplexity_summary(report, max_delta)
+    if inputs.speculative is not None:
+        threshold = inputs.speculative.spec.min_accepted_length
+        check_speculative_gate(report, threshold)
+        fields["speculative"] = speculative_summary(report, threshold)
+    return fields
 
 
 def _perplexity(source_path: Path, ir_dir: Path, engine: EngineFiles, evaluation: EvalWindows):

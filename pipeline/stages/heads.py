@@ -9,24 +9,78 @@ Writes ``model.onnx`` + ``model.onnx.data`` (the graph the artifact ships under 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ingot.calibration.dataset import CalibrationSet
 
 from ..heads.attach import AttachedHeads, load_attached
-from ..heads.export import MODEL_FILE, check_heads, export_heads
+from ..heads.export import DATA_FILE, MODEL_FILE, check_heads, export_heads
 from ..heads.train import final_hidden, train_heads
 from ..model.medusa import MedusaHeadsModel, save_medusa
 from ..quantize.ir_layers import IRLayers
-from ..recipe import MedusaHeads
+from ..recipe import MedusaHeads, Recipe
+from .calibrate import Calibrated
+from .quantize import QuantizeOutput
+from .stage import Input, Stage, StageJob, StageOutput
 
-__all__ = ["run_heads", "HEADS_RECORD"]
+__all__ = ["HeadsOutput", "heads_stage", "run_heads"]
 
-HEADS_RECORD = "heads.json"
 _CHECK_ROWS = 64  # hidden states the graph is checked on
+
+
+@dataclass(frozen=True, slots=True)
+class HeadsOutput(StageOutput):
+    """``model.onnx`` + ``model.onnx.data`` (the heads' graph: what the artifact ships),
+    ``vllm/`` (the heads in vLLM's layout) and ``heads.json`` (origin, sizes, training,
+    check)."""
+
+    GRAPH: ClassVar[str] = MODEL_FILE
+    SHIPPED: ClassVar[tuple[str, ...]] = (MODEL_FILE, DATA_FILE)
+    VLLM: ClassVar[str] = "vllm"
+    RECORD: ClassVar[str] = "heads.json"
+
+    @property
+    def graph(self) -> Path:
+        return self.dir / self.GRAPH
+
+    def record(self) -> dict[str, Any]:
+        return self._json(self.RECORD)
+
+
+def heads_stage(
+    recipe: Recipe,
+    quantize: Stage[QuantizeOutput],
+    calibrated: Calibrated | None,
+    attached: AttachedHeads | None,
+) -> Stage[HeadsOutput]:
+    """The Medusa heads stage: attached heads keyed by their files' digest, trained ones by
+    the quantized target and the calibration windows they learn on (resumable)."""
+    spec = recipe.speculative.heads
+    # The attach path is not in the key (its files' digest is): moving the checkpoint is free.
+    key_slice: dict[str, Any] = {"heads": spec.model_dump(mode="json", exclude={"attach"})}
+    if attached is not None:
+        return Stage(
+            "heads",
+            HeadsOutput,
+            key_slice,
+            {"attach": attached.digest},
+            lambda job: run_heads(spec, job.out, attached=attached),
+        )
+    if calibrated is None:
+        raise ValueError("heads: training needs the calibrate stage")
+    key_slice["calibration"] = calibrated.key_slice
+    inputs: dict[str, Input] = {"quantize": quantize, **calibrated.inputs()}
+    c = calibrated.stage
+
+    def train(job: StageJob) -> None:
+        ir_dir, c_dir = job[quantize].dir, job[c].dir
+        run_heads(spec, job.out, ir_dir=ir_dir, calibration_dir=c_dir, work_dir=job.work)
+
+    return Stage("heads", HeadsOutput, key_slice, inputs, train, resumable=True)
 
 
 def run_heads(
@@ -53,16 +107,16 @@ def run_heads(
         rows = torch.randn(
             _CHECK_ROWS, heads.cfg.hidden_size, generator=torch.Generator().manual_seed(0)
         )
-    save_medusa(heads, out / "vllm")
+    save_medusa(heads, out / HeadsOutput.VLLM)
     export_heads(heads, out)
-    check = check_heads(heads, out / MODEL_FILE, rows)
+    check = check_heads(heads, out / HeadsOutput.GRAPH, rows)
     record = {
         "origin": "train" if spec.train is not None else "attach",
         **_sizes(heads),
         "training": training,
         "check": check,
     }
-    (out / HEADS_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    (out / HeadsOutput.RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def _sizes(heads: MedusaHeadsModel) -> dict[str, int]:

@@ -1,5 +1,9 @@
 """Stage: assemble the artifact directory and its manifest, replacing the old one atomically.
 
+Each stage output the artifact ships goes where the layout below puts it; the manifest's
+fields are the stages' records read through their outputs (`manifest_fields.py`), with those
+paths.
+
 A stage output whose SHA-256 the build already holds (``known_digests``: the stage cache took
 or verified them in this build, `StageCache.file_digests`) is copied in the kernel
 (`shutil.copyfile`), not read into Python again; ~6x faster for a multi-GB weights file. Any
@@ -16,27 +20,46 @@ import json
 import os
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ingot.artifacts import write_manifest
+from ingot.artifacts import Manifest, write_manifest
 from ingot.artifacts.digest import copy_file_sha256, sha256_bytes
+from ingot.artifacts.signing import sign_artifact
 
 from ..chat_template import chat_template_of
+from ..manifest_fields import eval_and_interop_fields, manifest_fields, speculative_fields
+from .eagle import EagleOutput
+from .graph import BuildOutputs
+from .heads import HeadsOutput
+from .prepare import BuildInputs
 
-__all__ = ["DRAFT_DIR", "EAGLE_DIR", "HEADS_DIR", "run_package"]
+__all__ = ["DRAFT_DIR", "EAGLE_DIR", "HEADS_DIR", "Package", "run_package"]
 
+# Where the stage outputs go in the artifact. The target's graph at the root and its engines
+# under engines/<name>/; interop/<format>/ and eval/ as the stages wrote them.
 # A draft model's engines: draft/engines/<name>/ (no portable graph of the draft is shipped:
 # the runtime loads engines only, and the target's model.onnx is the portable one).
 DRAFT_DIR = "draft/"
 # Medusa heads: draft/heads/model.onnx(.data) (the heads stage's graph; its record goes into the
 # manifest, the vLLM-layout copy stays in the stage cache).
 HEADS_DIR = "draft/heads/"
-_HEADS_FILES = ("model.onnx", "model.onnx.data")
 # An EAGLE-3 draft: draft/eagle/model.onnx (the draft layer) and fc.onnx, each with its .data
 # (the eagle stage's graphs; the speculators copy stays in the stage cache).
 EAGLE_DIR = "draft/eagle/"
-_EAGLE_FILES = ("model.onnx", "model.onnx.data", "fc.onnx", "fc.onnx.data")
+
+
+@dataclass(frozen=True, slots=True)
+class Package:
+    """What the package step assembles: the walk's outputs, the prepared inputs they were
+    built from (the recipe, the source's tokenizer and config, the chat template, the signing
+    key), the gates' summaries (`eval_fields`) and the lock."""
+
+    inputs: BuildInputs
+    outputs: BuildOutputs
+    eval_fields: dict[str, Any]
+    lock: dict[str, Any]
 
 
 # {path inside the artifact: (size, sha256 hex)} of the files copied so far.
@@ -69,27 +92,11 @@ class _Copier:
 
 
 def run_package(
-    out: Path,
-    *,
-    source: Path,
-    export_dir: Path,
-    engine_dirs: dict[str, Path],
-    lock: dict[str, Any],
-    draft_engine_dirs: dict[str, Path] | None = None,
-    manifest_fields: dict[str, Any],
-    extra_dirs: dict[str, Path] | None = None,
-    sign_key: Path | None = None,
-    chat_template: str | None = None,
-    known_digests: Mapping[Path, str] | None = None,
-    heads_dir: Path | None = None,
-    eagle_dir: Path | None = None,
-) -> tuple[Any, str]:
+    out: Path, package: Package, known_digests: Mapping[Path, str] | None = None
+) -> tuple[Manifest, str]:
     """Write the artifact to a sibling temp dir, then swap it in: a failure keeps the old one.
 
-    `chat_template` (the recipe's artifact.chat_template, read) is shipped instead of the
-    checkpoint's template; `draft_engine_dirs` (a draft model's engine stages) go under
-    draft/engines/; `heads_dir` (the Medusa heads stage) ships its graph under draft/heads/,
-    `eagle_dir` (the EAGLE-3 stage) its two graphs under draft/eagle/;
+    The recipe's artifact.chat_template is shipped instead of the checkpoint's template;
     `known_digests` {stage file: sha256} are digests the build already holds (module
     docstring)."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -97,43 +104,84 @@ def run_package(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     copy = _Copier(tmp, known_digests or {})
+    inputs = package.inputs
     try:
-        copy.tree(export_dir, tmp)  # model.onnx + model.onnx.data
-        for name, engine_dir in engine_dirs.items():
-            copy.tree(engine_dir, tmp / "engines" / name)
-        for name, engine_dir in (draft_engine_dirs or {}).items():
-            copy.tree(engine_dir, tmp / DRAFT_DIR / "engines" / name)
-        if heads_dir is not None:
-            for name in _HEADS_FILES:
-                copy.file(heads_dir / name, tmp / HEADS_DIR / name)
-        if eagle_dir is not None:
-            for name in _EAGLE_FILES:
-                copy.file(eagle_dir / name, tmp / EAGLE_DIR / name)
-        for rel, stage_dir in (extra_dirs or {}).items():  # eval/, interop/<format>/: as is
-            copy.tree(stage_dir, tmp / rel, with_json=True)
+        _copy_outputs(copy, package.outputs)
+        source = inputs.source.path
         copy.file(source / "tokenizer.json", tmp / "tokenizer.json")
         copy.file(source / "config.json", tmp / "config.json")
-        template = chat_template if chat_template is not None else chat_template_of(source)
+        template = inputs.chat_template
+        template = template if template is not None else chat_template_of(source)
         if template is not None:
             (tmp / "chat_template.jinja").write_text(template)
-        fields = dict(manifest_fields)
+        fields = _fields(package)
         fields["tokenizer"] = {
             **fields["tokenizer"],
             "chat_template": "chat_template.jinja" if template is not None else None,
         }
-        lock_bytes = (json.dumps(lock, indent=2, sort_keys=True) + "\n").encode()
+        lock_bytes = (json.dumps(package.lock, indent=2, sort_keys=True) + "\n").encode()
         (tmp / "ingot.lock").write_bytes(lock_bytes)
         fields["lock"] = {"path": "ingot.lock", "sha256": sha256_bytes(lock_bytes)}
         manifest, digest = write_manifest(tmp, fields, written=copy.written)
-        if sign_key is not None:  # manifest.json -> model.sig, before the artifact appears
-            from ingot.artifacts.signing import sign_artifact
-
-            sign_artifact(tmp, sign_key)
+        if inputs.sign_key is not None:  # manifest.json -> model.sig, before the artifact appears
+            sign_artifact(tmp, inputs.sign_key)
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest, digest
+
+
+def _copy_outputs(copy: _Copier, outputs: BuildOutputs) -> None:
+    """Every stage output the artifact ships, where it goes (the layout above)."""
+    target, root = outputs.target, copy.root
+    copy.tree(target.export.dir, root)  # model.onnx + model.onnx.data
+    for name, engine in target.engines.items():
+        copy.tree(engine.dir, root / "engines" / name)
+    if outputs.draft is not None:
+        for name, engine in outputs.draft.engines.items():
+            copy.tree(engine.dir, root / DRAFT_DIR / "engines" / name)
+    if outputs.heads is not None:
+        for name in HeadsOutput.SHIPPED:
+            copy.file(outputs.heads.dir / name, root / HEADS_DIR / name)
+    if outputs.eagle is not None:
+        for name in EagleOutput.SHIPPED:
+            copy.file(outputs.eagle.dir / name, root / EAGLE_DIR / name)
+    for fmt, interop in outputs.interop.items():  # as is
+        copy.tree(interop.dir, root / "interop" / fmt, with_json=True)
+    if outputs.evaluation is not None:
+        copy.tree(outputs.evaluation.dir, root / "eval", with_json=True)
+
+
+def _fields(package: Package) -> dict[str, Any]:
+    """The manifest's fields (but the template's and the lock's): the stages' records, with
+    the paths the layout gives them."""
+    inputs, outputs = package.inputs, package.outputs
+    recipe = inputs.recipe
+    target = outputs.target.records()
+    interop = {
+        fmt: (f"interop/{fmt}", output.quantization_config())
+        for fmt, output in outputs.interop.items()
+    }
+    fields = {
+        **manifest_fields(recipe, inputs.recipe_path, inputs.cfg, target),
+        **eval_and_interop_fields(target, package.eval_fields, interop),
+    }
+    if recipe.speculative is None:
+        return fields
+    draft = heads = eagle = None
+    if outputs.draft is not None and inputs.draft is not None:
+        draft = (inputs.draft.cfg, outputs.draft.records(root=DRAFT_DIR))
+    if outputs.heads is not None:
+        heads = {**outputs.heads.record(), "path": f"{HEADS_DIR}{HeadsOutput.GRAPH}"}
+    if outputs.eagle is not None:
+        paths = {
+            "path": f"{EAGLE_DIR}{EagleOutput.GRAPH}",
+            "fc_path": f"{EAGLE_DIR}{EagleOutput.FC}",
+        }
+        eagle = {**outputs.eagle.record(), **paths}
+    fields["speculative"] = speculative_fields(recipe, draft, heads, eagle)
+    return fields
 
 
 def _swap_into_place(new: Path, out: Path) -> None:

@@ -15,19 +15,66 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 from ingot.calibration.dataset import CalibrationSet
 
+from ..device import DeviceSettings
 from ..model.load import CheckpointReader
 from ..quantize.driver import quantize_layers
 from ..quantize.layerwise import needs_calibration
 from ..recipe.quantize import Quantize
-from .calibrate import DeviceSettings, read_device_settings
+from .calibrate import Calibrated, read_device_settings
+from .stage import Input, Stage, StageJob, StageOutput
 
-__all__ = ["run_quantize"]
+__all__ = ["QuantizeOutput", "quantize_stage", "run_quantize"]
 
 _LOCAL_WORK = ".layers"  # a dot-name: never part of the output's digest
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizeOutput(StageOutput):
+    """The IR (``ir_config.json``, ``ir.safetensors``: `quantize.checkpoint`, read by
+    `IRLayers` / `load_ir` on `dir`) and ``quantize.json`` (what each entry quantized)."""
+
+    SUMMARY: ClassVar[str] = "quantize.json"
+
+    def summary(self) -> Any:
+        """quantize.json: the manifest's `model.quantization`."""
+        return self._json(self.SUMMARY)
+
+
+def quantize_stage(
+    prefix: str,
+    source: Path,
+    source_digest: str,
+    entries: Sequence[Quantize],
+    calibrated: Calibrated | None,
+) -> Stage[QuantizeOutput]:
+    """The quantize stage of one model (`prefix` "" or "draft-"), on the calibrate stage's
+    windows when a GPTQ / AWQ entry needs them (resumable then); an RTN recipe's key holds no
+    calibration, even when its KV cache's scales need one."""
+    # The slice is the entries' JSON (what Recipe.stage_slice("quantize") gives the target)
+    key_slice: dict[str, Any] = {"quantize": [entry.model_dump(mode="json") for entry in entries]}
+    inputs: dict[str, Input] = {"source": source_digest}
+    calibrate = None
+    if needs_calibration(entries):
+        if calibrated is None:
+            raise ValueError(f"{prefix}quantize: gptq / awq need the calibrate stage")
+        calibrate = calibrated.stage
+        key_slice["calibration"] = calibrated.key_slice
+        inputs |= calibrated.inputs()
+
+    def produce(job: StageJob) -> None:
+        c_dir = job[calibrate].dir if calibrate is not None else None
+        run_quantize(source, entries, job.out, calibration_dir=c_dir, work_dir=job.work)
+
+    resumable = calibrate is not None  # its layers' checkpoints survive a crash
+    return Stage(
+        f"{prefix}quantize", QuantizeOutput, key_slice, inputs, produce, resumable=resumable
+    )
 
 
 def run_quantize(
@@ -59,4 +106,6 @@ def run_quantize(
     finally:
         if work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
-    (out / "quantize.json").write_text(json.dumps(summaries, indent=2, sort_keys=True) + "\n")
+    (out / QuantizeOutput.SUMMARY).write_text(
+        json.dumps(summaries, indent=2, sort_keys=True) + "\n"
+    )

@@ -12,6 +12,7 @@ from ingot.pipeline import build as build_module
 from ingot.pipeline.build import build
 from ingot.pipeline.cache import StageCache
 from ingot.pipeline.recipe import RecipeError
+from ingot.pipeline.stages import export as export_stage
 
 from fixtures import write_recipe
 
@@ -89,7 +90,7 @@ def test_failing_stage_keeps_cache_and_artifact(tmp_path, tiny_checkpoint, monke
     def broken_export(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(build_module, "run_export", broken_export)
+    monkeypatch.setattr(export_stage, "run_export", broken_export)
     changed = write_recipe(tmp_path / "r2.yaml", tiny_checkpoint, export={"max_seq_len": 96})
     with pytest.raises(RuntimeError, match="disk full"):
         build(changed, tmp_path / "a", cache=cache)

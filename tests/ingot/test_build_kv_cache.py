@@ -6,7 +6,6 @@ its K/V with the manifest's scales, token for token, whatever the chunking or ca
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from ingot.pipeline.model.kv_quant import KVScales, attach_kv_scales
 from ingot.pipeline.model.load import load_model
 from ingot.pipeline.quantize.apply import quantize_model
 from ingot.pipeline.recipe import load_recipe
-from ingot.pipeline.stages.export import GRAPH_INFO
+from ingot.pipeline.stages.export import ExportOutput
 from ingot.runtime import LoadedModel, SamplingParams
 from ingot.runtime.kv_pool import kv_numpy_dtype as kv_numpy
 
@@ -123,7 +122,7 @@ def test_manifest_records_the_calibrated_scales(built, dtype):
     assert np.array(graph.kv_scales.k).shape == np.array(graph.kv_scales.v).shape == (2, 2)
     export = next(s for s in result.stages if s.stage == "export")
     cache = StageCache(Path(recipe).parent / "cache")
-    graph_json = json.loads((cache.path("export", export.key) / GRAPH_INFO).read_text())
+    graph_json = ExportOutput(cache.path("export", export.key), export.digest).graph_info()
     assert graph.kv_scales.model_dump() == graph_json["kv_scales"]
     pools = {t.name: t.dtype for t in graph.inputs if t.name.startswith("k_pool")}
     assert set(pools.values()) == {"int8" if dtype == "int8" else "uint8"}

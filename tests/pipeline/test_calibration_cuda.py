@@ -29,12 +29,13 @@ import torch
 from ingot.calibration.activations import ActivationStore
 from ingot.calibration.dataset import CalibrationSet
 from ingot.pipeline.cache import directory_digest
+from ingot.pipeline.device import DeviceSettings, resolve_device
 from ingot.pipeline.model.load import CheckpointReader, load_model
 from ingot.pipeline.model.qlinear import QuantizedLinear
 from ingot.pipeline.quantize import driver
 from ingot.pipeline.quantize.checkpoint import load_ir
 from ingot.pipeline.recipe.quantize import quantize_entry
-from ingot.pipeline.stages.calibrate import DeviceSettings, PreparedCalibration, resolve_device
+from ingot.pipeline.stages.calibrate import PreparedCalibration
 from ingot.pipeline.stages.quantize import run_quantize
 
 from fixtures import make_checkpoint

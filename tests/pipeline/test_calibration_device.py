@@ -19,6 +19,7 @@ from ingot.calibration.activations import ActivationStore
 from ingot.calibration.dataset import CalibrationSet
 from ingot.cli import main
 from ingot.pipeline.cache import directory_digest
+from ingot.pipeline.device import DeviceSettings, resolve_device
 from ingot.pipeline.model.load import CheckpointReader, load_model
 from ingot.pipeline.quantize import driver
 from ingot.pipeline.quantize.checkpoint import load_ir
@@ -26,12 +27,10 @@ from ingot.pipeline.recipe import RecipeError, load_recipe
 from ingot.pipeline.recipe.quantize import quantize_entry
 from ingot.pipeline.stages import quantize as quantize_stage
 from ingot.pipeline.stages.calibrate import (
-    DEVICE_FILE,
-    DeviceSettings,
+    CalibrateOutput,
     PreparedCalibration,
     prepare_calibration,
     read_device_settings,
-    resolve_device,
 )
 
 from fixtures import make_checkpoint, model_config, write_recipe, write_tokenizer
@@ -200,9 +199,10 @@ def test_the_calibrate_output_carries_the_settings(tmp_path, two_gpus):
     out = tmp_path / "calibrate"
     out.mkdir()
     calibration.save(out)
-    assert json.loads((out / DEVICE_FILE).read_text()) == {"device": "cuda", "offload": "disk"}
+    device_file = out / CalibrateOutput.DEVICE
+    assert json.loads(device_file.read_text()) == {"device": "cuda", "offload": "disk"}
     assert read_device_settings(out) == DeviceSettings("cuda", "disk")
-    (out / DEVICE_FILE).unlink()
+    device_file.unlink()
     assert read_device_settings(out) == DeviceSettings("cpu", "cpu")
 
 

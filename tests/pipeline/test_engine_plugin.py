@@ -23,7 +23,7 @@ from ingot.pipeline.engines.onnxruntime import OnnxRuntimeTarget
 from ingot.pipeline.evaluate.engine import engine_perplexity
 from ingot.pipeline.model.config import ModelConfig
 from ingot.pipeline.recipe.targets import _target_union
-from ingot.pipeline.stages.engine import CHECK_REPORT, ENGINE_RECORD, run_engine
+from ingot.pipeline.stages.engine import EngineOutput, run_engine
 from ingot.runtime.engine_select import HostInfo, select_engine
 from ingot.runtime.engines import ENGINE_RUNTIMES
 from ingot.runtime.engines.onnxruntime.session import EngineSession
@@ -78,10 +78,10 @@ def test_the_toy_engine_is_built_checked_selected_and_run(toy, tmp_path):
     out = tmp_path / "toy"
     out.mkdir()
     run_engine(export_dir, ir_dir, ENGINE_BUILDERS.get("toy").target_model(engine="toy"), out)
-    check = json.loads((out / CHECK_REPORT).read_text())
+    check = EngineOutput(out, "").check()
     assert check["accuracy"] == "exact" and check["rtol"] == 2e-4 and check["greedy_match"]
     assert "exact_check" not in check
-    record = json.loads((out / ENGINE_RECORD).read_text())
+    record = EngineOutput(out, "").record()
     assert record["name"] == "toy-cpu" and sorted(p.name for p in out.iterdir()) == [
         "check.json",
         "engine.json",

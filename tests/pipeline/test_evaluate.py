@@ -20,8 +20,9 @@ from ingot.pipeline.evaluate import (
     token_windows,
 )
 from ingot.pipeline.evaluate.engine import engine_perplexity
+from ingot.pipeline.evaluate.markdown import render_markdown
 from ingot.pipeline.evaluate.perplexity import tokenize
-from ingot.pipeline.evaluate.report import perplexity_report, render_markdown
+from ingot.pipeline.evaluate.report import perplexity_report
 from ingot.pipeline.export import export_onnx
 from ingot.pipeline.model.load import load_model
 from ingot.pipeline.quantize.apply import quantize_model

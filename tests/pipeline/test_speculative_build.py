@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from ingot.artifacts import read_manifest, verify_artifact
-from ingot.pipeline import build as build_module
 from ingot.pipeline.build import build
 from ingot.pipeline.cache import StageCache
+from ingot.pipeline.stages import quantize as quantize_stage
 
 from fixtures import make_checkpoint, write_recipe
 
@@ -319,7 +319,7 @@ def test_draft_quantize_is_checked_against_the_draft(
     def no_work(*args, **kwargs):
         raise AssertionError("a stage ran")
 
-    monkeypatch.setattr(build_module, "run_quantize", no_work)
+    monkeypatch.setattr(quantize_stage, "run_quantize", no_work)
     target, draft = checkpoints
     recipe = draft_recipe(tmp_path / "r.yaml", target, draft, draft_fields, **overrides)
     with pytest.raises(RecipeError, match=fragment.replace("(", r"\(").replace(")", r"\)")):

@@ -20,7 +20,8 @@ from ingot.pipeline.cache import StageCache
 from ingot.pipeline.evaluate import EvalDataError, EvalGateError, speculative_prompts
 from ingot.pipeline.evaluate.speculative import measure_speculation
 from ingot.pipeline.recipe import RecipeError, load_recipe
-from ingot.pipeline.stages.evaluate import engine_files
+from ingot.pipeline.stages.engine import EngineOutput
+from ingot.pipeline.stages.export import ExportOutput
 from ingot.runtime.loader import DrafterFiles
 
 from fixtures import make_checkpoint, write_recipe
@@ -103,8 +104,8 @@ def test_ngram_report_gate_and_cache(models):
     assert 0 <= spec["greedy_match"] <= 4  # reported, not judged
     # Counts only, no clock (back-off and adaptive drafting off): measured again, the same.
     stages = {s.stage: s.key for s in first.stages}
-    export_dir = cache.path("export", stages["export"])
-    engine = engine_files(export_dir, cache.path("engine", stages["engine:onnxruntime-cpu"]))
+    export = ExportOutput(cache.path("export", stages["export"]), "")
+    engine = EngineOutput(cache.path("engine", stages["engine:onnxruntime-cpu"]), "").files(export)
     again = measure_speculation(
         speculative_prompts(load_recipe(root / "a.yaml"), root / "a.yaml", target),
         engine,
