@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ingot.calibration.activations import budget_from_env
 from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
 
 from .engines import ENGINE_BUILDERS
@@ -396,8 +397,6 @@ def _add_kv_scales(export: StageEstimate, shapes: _Shapes, recipe: Recipe) -> No
     """An int8 / fp8 KV cache's scales are measured in the export stage before the graph is
     built (quantize/kv_scales.py): one forward pass per layer over the calibration windows
     plus the K/V projections, on activations of two stores that spill past the budget."""
-    from ingot.calibration.activations import budget_from_env
-
     c, cal = shapes.cfg, recipe.calibration
     tokens = cal.samples * cal.seq_len
     acts = tokens * c.hidden_size * 4  # one store, fp32
@@ -439,8 +438,6 @@ def _calibrate(recipe: Recipe, recipe_path: Path) -> StageEstimate:
 def _quantize_layerwise(
     shapes: _Shapes, recipe: Recipe, entries: Sequence[Quantize]
 ) -> StageEstimate:
-    from ingot.calibration.activations import budget_from_env
-
     c, cal = shapes.cfg, recipe.calibration
     tokens = cal.samples * cal.seq_len
     acts = tokens * max(c.hidden_size, c.num_heads * c.head_dim) * 4  # one store, fp32

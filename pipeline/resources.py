@@ -222,6 +222,7 @@ def _disk_needs(plan: Plan, cache_dir: Path, out_dir: Path, hub_cache: Path | No
 
 def _hub_cache_dir() -> Path:
     try:
+        # huggingface_hub comes with transformers, the build extra: optional here
         from huggingface_hub import constants
     except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
         return Path("~/.cache/huggingface/hub").expanduser()
@@ -234,6 +235,7 @@ def _hub_cache_dir() -> Path:
 def gpu_memory_available() -> tuple[int, str]:
     """(free bytes, detail) of the current CUDA device; (0, "no CUDA device") without one."""
     try:
+        # torch is the build extra's; the readings must not need it
         import torch
     except ImportError:
         return 0, "no CUDA device (torch is not installed)"
