@@ -24,6 +24,7 @@ from pydantic import (
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
+    field_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -86,10 +87,20 @@ def model_not_found(requested: str) -> APIError:
 
 
 class ErrorInfo(BaseModel):
+    """OpenAI's error object. Its text is made encodable here, the one place every error body
+    passes (JSON response, stream event, 413): a message may echo what the client sent, and a
+    lone surrogate from a JSON "\\ud800" escape has no UTF-8 form, so it is written as the
+    escape's text instead of failing the response."""
+
     message: str
     type: str
     param: str | None = None
     code: str | None = None
+
+    @field_validator("message", "type", "param", "code")
+    @classmethod
+    def _encodable(cls, text: str | None) -> str | None:
+        return None if text is None else text.encode("utf-8", "backslashreplace").decode()
 
 
 class ErrorResponse(BaseModel):
