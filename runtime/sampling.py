@@ -9,14 +9,22 @@ output) is runtime/logits.py; n and best_of are fanned out into one request per 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ingot.runtime.sampling_checks import (
+    GREEDY_BELOW,
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    InvalidSamplingParams,
+    logit_bias,
+    validate,
+)
 from ingot.runtime.structured import StructuredOutput
 
 __all__ = [
+    "InvalidSamplingParams",
     "MAX_LOGIT_BIAS",
     "MAX_LOGPROBS",
     "SamplingParams",
@@ -29,17 +37,15 @@ __all__ = [
     "token_logprobs",
 ]
 
-MAX_LOGPROBS = 20  # the OpenAI API's limit on top_logprobs
-MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values: [-100, 100]
-
 
 @dataclass(slots=True)
 class SamplingParams:
-    """How one request picks its tokens and when it stops (vLLM's names and defaults)."""
+    """How one request picks its tokens and when it stops (vLLM's names, defaults and accepted
+    values: runtime/sampling_checks.py, which the server's requests go through too)."""
 
     max_tokens: int = 16
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
+    temperature: float = 1.0  # 0 (or below 1e-5, stored as 0) = greedy
+    top_k: int = 0  # 0 = off (-1, vLLM's other "off", is stored as 0)
     top_p: float = 1.0  # 1 = off
     seed: int | None = None  # None = fresh entropy per request
     stop: list[str] = field(default_factory=list)
@@ -66,48 +72,14 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # the OpenAI API accepts one string or a list
             self.stop = [self.stop]
-        _require_int("max_tokens", self.max_tokens, minimum=1)
-        _require_int("top_k", self.top_k, minimum=0)
-        if self.seed is not None:
-            _require_int("seed", self.seed, minimum=0)
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
-        p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
-        for token in self.stop_token_ids:
-            _require_int("stop_token_ids", token, minimum=0)
-        if self.logprobs is not None:
-            _require_int("logprobs", self.logprobs, minimum=0)
-            if self.logprobs > MAX_LOGPROBS:
-                raise ValueError(f"logprobs must be at most {MAX_LOGPROBS}, got {self.logprobs}")
-        _require_int("n", self.n, minimum=1)
-        if self.best_of is not None:
-            _require_int("best_of", self.best_of, minimum=1)
-            if self.best_of < self.n:
-                raise ValueError(f"best_of must be >= n ({self.n}), got {self.best_of}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not _is_number(value) or not -2 <= value <= 2:
-                raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
-        r = self.repetition_penalty
-        if not _is_number(r) or not r > 0:
-            raise ValueError(f"repetition_penalty must be a finite number > 0, got {r!r}")
+        validate(self)  # runtime/sampling_checks.py: the server's rules too
+        self.stop = list(self.stop)
+        if self.top_k == -1:  # vLLM's other spelling of "no limit"
+            self.top_k = 0
+        if self.temperature < GREEDY_BELOW:  # greedy, as vLLM: no draws from a spike
+            self.temperature = 0.0
         if self.logit_bias is not None:
-            self.logit_bias = _logit_bias(self.logit_bias)
-        _require_int("min_tokens", self.min_tokens, minimum=0)
-        if self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be at most max_tokens ({self.max_tokens}), got {self.min_tokens}"
-            )
-        for name in ("ignore_eos", "include_stop_str_in_output", "ranked"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
-            raise ValueError(f"structured must be a StructuredOutput, got {self.structured!r}")
+            self.logit_bias = logit_bias(self.logit_bias)
 
     @property
     def num_samples(self) -> int:
@@ -140,33 +112,6 @@ def fan_out(params: SamplingParams) -> list[SamplingParams]:
     return [
         dataclasses.replace(params, n=1, best_of=None, seed=seed, ranked=ranked) for seed in seeds
     ]
-
-
-def _is_number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-
-
-def _logit_bias(bias: object) -> dict[int, float]:
-    """{token id: bias} with int ids (JSON's string keys of integers accepted) and each bias
-    clipped to [-100, 100], as OpenAI does."""
-    if not isinstance(bias, dict):
-        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}")
-    out = {}
-    for key, value in bias.items():
-        token = key
-        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
-            token = int(key)
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {key!r}")
-        if not _is_number(value):
-            raise ValueError(f"logit_bias values must be finite numbers, got {value!r}")
-        out[token] = float(min(max(value, -MAX_LOGIT_BIAS), MAX_LOGIT_BIAS))
-    return out
-
-
-def _require_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def make_rng(seed: int | None) -> np.random.Generator:

@@ -22,16 +22,29 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
-from ingot.runtime.tokenizer import TextTokenizer
+from ingot.common import IngotError
+from ingot.runtime.tokenizer import InvalidText, TextTokenizer, check_text
 
 if TYPE_CHECKING:
     import llguidance
 
-__all__ = ["Matcher", "StructuredOutput", "StructuredOutputKind", "ll_tokenizer"]
+__all__ = [
+    "InvalidConstraint",
+    "Matcher",
+    "StructuredOutput",
+    "StructuredOutputKind",
+    "ll_tokenizer",
+]
 
 log = logging.getLogger(__name__)
 
 StructuredOutputKind = Literal["json_object", "json_schema", "regex", "grammar"]
+
+
+class InvalidConstraint(IngotError, ValueError):
+    """A constraint llguidance cannot follow: a bad schema, regex or grammar, or text with a
+    lone surrogate. The message says what is wrong, not which request field held it (the
+    server prefixes the field that was sent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +54,7 @@ class StructuredOutput:
     kind "json_object": any JSON object (spec None); "json_schema": spec is the JSON schema
     (a dict, or its JSON text); "regex": spec is the pattern (Rust regex syntax, matching the
     whole output); "grammar": spec is a Lark grammar or a GBNF grammar (llguidance converts
-    GBNF). Invalid constraints raise ValueError naming `response_format`.
+    GBNF). Invalid constraints raise InvalidConstraint.
     """
 
     kind: StructuredOutputKind
@@ -53,11 +66,12 @@ class StructuredOutput:
     def __post_init__(self) -> None:
         import llguidance  # on first use: requests without a constraint never load it
 
+        _check_unicode(self.spec, self.kind)
         # Without a tokenizer: what can be refused before the request reaches the generator.
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.grammar())
         if is_error:
             error = messages[0] if messages else "unknown error"
-            raise ValueError(f"response_format: invalid {self.kind}: {error.strip()}")
+            raise InvalidConstraint(f"invalid {self.kind}: {error.strip()}")
 
     def grammar(self) -> str:
         """The llguidance grammar (its JSON text) of this constraint."""
@@ -65,14 +79,13 @@ class StructuredOutput:
 
         kind, spec = self.kind, self.spec
         if kind not in get_args(StructuredOutputKind):
-            raise ValueError(
-                f"response_format: kind must be one of {list(get_args(StructuredOutputKind))}, "
-                f"got {kind!r}"
+            raise InvalidConstraint(
+                f"kind must be one of {list(get_args(StructuredOutputKind))}, got {kind!r}"
             )
         options = {"whitespace_flexible": self.any_whitespace}
         if kind == "json_object":
             if spec is not None:
-                raise ValueError("response_format: json_object takes no spec")
+                raise InvalidConstraint("json_object takes no spec")
             return llguidance.LLMatcher.grammar_from_json_schema(
                 {"type": "object"}, defaults=options
             )
@@ -81,15 +94,15 @@ class StructuredOutput:
             try:
                 return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
             except (ValueError, TypeError) as e:
-                raise ValueError(f"response_format: invalid json_schema: {e}") from e
+                raise InvalidConstraint(f"invalid json_schema: {e}") from e
         if not isinstance(spec, str) or not spec:
-            raise ValueError(f"response_format: {kind} needs a non-empty string, got {spec!r}")
+            raise InvalidConstraint(f"{kind} needs a non-empty string, got {spec!r}")
         if kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(spec)
         try:
             return llguidance.grammar_from("grammar", spec)  # Lark, or GBNF converted to Lark
         except ValueError as e:
-            raise ValueError(f"response_format: invalid grammar: {e}") from e
+            raise InvalidConstraint(f"invalid grammar: {e}") from e
 
 
 def _json_schema(spec: object) -> dict[str, Any] | bool:
@@ -97,10 +110,30 @@ def _json_schema(spec: object) -> dict[str, Any] | bool:
         try:
             spec = json.loads(spec)
         except json.JSONDecodeError as e:
-            raise ValueError(f"response_format: json_schema is not valid JSON: {e}") from e
+            raise InvalidConstraint(f"json_schema is not valid JSON: {e}") from e
+        _check_unicode(spec, "json_schema")  # its escapes can hold lone surrogates
     if not isinstance(spec, dict | bool):
-        raise ValueError(f"response_format: json_schema must be a JSON object, got {spec!r}")
+        raise InvalidConstraint(f"json_schema must be a JSON object, got {spec!r}")
     return spec
+
+
+def _check_unicode(spec: object, where: str) -> None:
+    """InvalidConstraint for a lone surrogate anywhere in `spec` (a JSON "\\ud800" escape can
+    put one there): such text has no UTF-8 form, so llguidance could only fail on it with a
+    codec error. `where` is the path so far, e.g. `json_schema["enum"][0]`."""
+    try:
+        if isinstance(spec, str):
+            check_text(spec, where)
+        elif isinstance(spec, dict):
+            for key, value in spec.items():
+                if isinstance(key, str):
+                    check_text(key, f"a key of {where}")
+                _check_unicode(value, f"{where}[{key!r}]")
+        elif isinstance(spec, list):
+            for i, value in enumerate(spec):
+                _check_unicode(value, f"{where}[{i}]")
+    except InvalidText as e:
+        raise InvalidConstraint(str(e)) from None
 
 
 class Matcher:
@@ -113,8 +146,8 @@ class Matcher:
 
         self._matcher = llguidance.LLMatcher(tokenizer, structured.grammar(), log_level=0)
         if self._matcher.is_error():
-            raise ValueError(
-                f"response_format: invalid {structured.kind}: {self._matcher.get_error().strip()}"
+            raise InvalidConstraint(
+                f"invalid {structured.kind}: {self._matcher.get_error().strip()}"
             )
         self._vocab_size = tokenizer.vocab_size
 

@@ -5,32 +5,26 @@
     uvicorn.run(app)
 
 Every error, FastAPI's own included (validation 422, unknown route 404, wrong method 405),
-leaves as OpenAI's error object `{"error": {"message", "type", "param", "code"}}`; invalid
-input is a 400, as OpenAI and vLLM send it, and a body over `max_request_bytes` a 413 before
-it is parsed. Every response carries `X-Request-Id` (the client's, else a new one).
+leaves as OpenAI's error object `{"error": {"message", "type", "param", "code"}}`
+(runtime/server/errors.py), on a connection that stays open; invalid input is a 400, as OpenAI
+and vLLM send it, and a body over `max_request_bytes` a 413 before it is parsed. Every response
+carries `X-Request-Id` (the client's, else a new one).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager, suppress
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ingot.runtime.server.async_llm import AsyncLLM
-from ingot.runtime.server.middleware import (
-    DEFAULT_MAX_REQUEST_BYTES,
-    RequestBodyLimit,
-    RequestId,
-    request_id_of,
-)
+from ingot.runtime.server.errors import UnhandledErrors, error_response, install_error_handlers
+from ingot.runtime.server.middleware import DEFAULT_MAX_REQUEST_BYTES, RequestBodyLimit, RequestId
 from ingot.runtime.server.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -52,8 +46,6 @@ from ingot.runtime.server.tokenize import (
 )
 
 __all__ = ["create_app"]
-
-log = logging.getLogger(__name__)
 
 _ERRORS = {
     code: {"model": ErrorResponse, "description": description}
@@ -91,8 +83,10 @@ def create_app(
         await asyncio.to_thread(llm.shutdown)
 
     app = FastAPI(title="ingot", summary="OpenAI-compatible server", lifespan=lifespan)
-    _install_error_handlers(app)
-    # The last added runs first: every response, a 413 included, gets its X-Request-Id.
+    install_error_handlers(app)
+    # The last added runs first: every response, a 413 or a 500 included, gets its
+    # X-Request-Id.
+    app.add_middleware(UnhandledErrors)
     app.add_middleware(RequestBodyLimit, max_bytes=max_request_bytes)
     app.add_middleware(RequestId)
     _add_status_routes(app, llm, model_name)
@@ -114,10 +108,12 @@ def _add_status_routes(app: FastAPI, llm: AsyncLLM, model_name: str) -> None:
         """200 once the artifact is verified and warmed up; 503 while loading, failed or
         shutting down."""
         if llm.error is not None:
-            return _error(APIError(503, f"the server failed: {llm.error}", type="server_error"))
+            return error_response(
+                APIError(503, f"the server failed: {llm.error}", type="server_error")
+            )
         if not llm.ready:
             state = "shutting down" if llm.draining else "loading"
-            return _error(APIError(503, f"not ready: {state}", type="service_unavailable"))
+            return error_response(APIError(503, f"not ready: {state}", type="service_unavailable"))
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -197,43 +193,3 @@ async def _disconnected(request: Request) -> None:
     # The body was read before the handler ran, so the next message is the disconnect.
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def _error(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, e: APIError) -> JSONResponse:
-        return _error(e)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
-        problems, param = [], None
-        for err in e.errors():
-            loc = [str(part) for part in err.get("loc", ()) if part != "body"]
-            where = ".".join(loc)
-            param = param or where or None
-            problems.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
-        return _error(APIError(400, "; ".join(problems) or "invalid request", param=param))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        kind = "invalid_request_error" if e.status_code < 500 else "server_error"
-        message = str(e.detail)
-        if isinstance(e.__cause__, UnicodeDecodeError):  # FastAPI's "error parsing the body"
-            cause = e.__cause__
-            message = f"the request body is not valid UTF-8 ({cause.reason} at byte {cause.start})"
-        return _error(
-            APIError(e.status_code, message, type=kind, headers=getattr(e, "headers", None))
-        )
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, e: Exception) -> JSONResponse:
-        log.exception("unhandled error serving %s", request.url.path)
-        # Starlette answers this one outside the middleware, so the id is set here.
-        request_id = request_id_of(request.scope)
-        headers = {"X-Request-Id": request_id} if request_id else None
-        error = APIError(500, f"{type(e).__name__}: {e}", type="server_error", headers=headers)
-        return _error(error)

@@ -4,6 +4,11 @@ Field names, defaults and shapes follow OpenAI's API and vLLM's extensions (top_
 stop_token_ids, min_tokens, repetition_penalty, include_stop_str_in_output, guided_*). Unknown
 fields are ignored, as vLLM does; known fields that ingot cannot honour (suffix, tools, echo
 with logprobs) are refused with a 400 naming the field.
+
+Types are strict, as vLLM's values are: a bool is not a number, a string is not a number, a
+prompt list holds integers or strings only. The sampling fields carry their types only: their
+ranges are SamplingParams' (runtime/sampling_checks.py), which the server builds from each
+request, so the Python API and the server accept the same values.
 """
 
 from __future__ import annotations
@@ -12,10 +17,20 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
-from ingot.runtime.sampling import MAX_LOGPROBS
-from ingot.runtime.structured import StructuredOutput
+from ingot.runtime.sampling_checks import MAX_INT
+from ingot.runtime.structured import InvalidConstraint, StructuredOutput
+from ingot.runtime.tokenizer import InvalidText, check_text
 
 __all__ = [
     "APIError",
@@ -25,6 +40,7 @@ __all__ = [
     "ErrorResponse",
     "ModelCard",
     "ModelList",
+    "RequestModel",
     "ResponseFormat",
     "StreamOptions",
     "StructuredOutputs",
@@ -33,8 +49,8 @@ __all__ = [
     "random_id",
 ]
 
-# Bounds keep every field representable (no int overflow in numpy, no absurd allocations).
-_MAX_INT = 2**31 - 1
+# Choices a request may ask for (prompts x n, or best_of): the server's limit, not a value's.
+MAX_CHOICES = 128
 
 
 class APIError(Exception):
@@ -71,40 +87,53 @@ def model_not_found(requested: str) -> APIError:
 
 
 class ErrorInfo(BaseModel):
+    """OpenAI's error object. Its text is made encodable here, the one place every error body
+    passes (JSON response, stream event, 413): a message may echo what the client sent, and a
+    lone surrogate from a JSON "\\ud800" escape has no UTF-8 form, so it is written as the
+    escape's text instead of failing the response."""
+
     message: str
     type: str
     param: str | None = None
     code: str | None = None
+
+    @field_validator("message", "type", "param", "code")
+    @classmethod
+    def _encodable(cls, text: str | None) -> str | None:
+        return None if text is None else text.encode("utf-8", "backslashreplace").decode()
 
 
 class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class RequestModel(BaseModel):
+    """A request body: strict types (no bool or string where a number goes), unknown fields
+    ignored."""
 
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class _Request(RequestModel):
     model: str | None = Field(None, description="Served model name; omitted means the served one")
-    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    top_k: Annotated[int, Field(ge=-1, le=_MAX_INT)] = Field(
-        0, description="vLLM extension: 0 or -1 = off"
-    )
-    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    temperature: float = Field(1.0, description=">= 0; below 1e-5 is greedy")
+    top_p: float = Field(1.0, description="in (0, 1]")
+    top_k: int = Field(0, description="vLLM extension: 0 or -1 = no limit")
+    seed: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0, le=_MAX_INT)]] | None = None
+    stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    n: Annotated[int, Field(ge=1, le=128)] = 1
-    best_of: Annotated[int, Field(ge=1, le=128)] | None = None
+    n: Annotated[int, Field(le=MAX_CHOICES)] = 1
+    best_of: Annotated[int, Field(le=MAX_CHOICES)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
-    repetition_penalty: Annotated[float, Field(gt=0, le=1e4)] = Field(
+    presence_penalty: float = Field(0.0, description="in [-2, 2]")
+    frequency_penalty: float = Field(0.0, description="in [-2, 2]")
+    repetition_penalty: float = Field(
         1.0, description="vLLM extension: > 1 discourages tokens of the prompt and output"
     )
     logit_bias: dict[str, float] | None = None
-    min_tokens: Annotated[int, Field(ge=0, le=_MAX_INT)] = Field(
+    min_tokens: int = Field(
         0, description="vLLM extension: no EOS, stop token or stop string before this many"
     )
     include_stop_str_in_output: bool = Field(False, description="vLLM extension")
@@ -117,15 +146,12 @@ class _Request(BaseModel):
     user: str | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
-        """(field, reason) of the first field set to something ingot does not serve."""
-        if self.best_of is not None and self.best_of < self.n:
-            return "best_of", f"best_of must be >= n ({self.n}), got {self.best_of}"
+        """(field, reason) of the first field set to something ingot does not serve (values
+        out of range are SamplingParams' to refuse)."""
         if self.stream and (self.best_of or self.n) > self.n:
             return "best_of", "best_of > n cannot stream: the best are known only at the end"
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed when stream is true"
-        if "" in self.stop_list():
-            return "stop", "stop strings must not be empty"
         guided = [f for f in _GUIDED if getattr(self, f) is not None]
         if self.response_format is not None and self.response_format.type != "text":
             guided.append("response_format")
@@ -139,28 +165,45 @@ class _Request(BaseModel):
         return None
 
     def structured(self) -> StructuredOutput | None:
-        """The output constraint the request asks for, if any (ValueError: an invalid one)."""
+        """The output constraint the request asks for, if any; an invalid one is a 400 naming
+        the field that was sent (e.g. `structured_outputs.regex`)."""
+        found = self._constraint()
+        if found is None:
+            return None
+        field, kind, spec = found
         options = self.structured_outputs or StructuredOutputs()
-        any_whitespace = not options.disable_any_whitespace
-        if self.response_format is not None and self.response_format.type != "text":
-            return self.response_format.structured(any_whitespace)
-        json_schema = self.guided_json if self.guided_json is not None else options.json_
-        if json_schema is not None:
-            return StructuredOutput("json_schema", json_schema, any_whitespace)
+        try:
+            if kind == "choice":
+                kind, spec = "regex", _choice_regex(spec)
+            return StructuredOutput(kind, spec, not options.disable_any_whitespace)
+        except (InvalidConstraint, InvalidText) as e:
+            raise APIError(400, f"{field}: {e}", param=field) from e
+
+    def _constraint(self) -> tuple[str, str, Any] | None:
+        """(the field that set it, kind, spec) of the request's output constraint, if any
+        (`unsupported` has refused more than one)."""
+        response_format = self.response_format
+        if response_format is not None and response_format.type == "json_object":
+            return "response_format", "json_object", None
+        if response_format is not None and response_format.type == "json_schema":
+            schema = response_format.json_schema
+            if schema is None or schema.schema_ is None:
+                field = "response_format.json_schema.schema"
+                raise APIError(400, f"{field} is required", param=field)
+            return "response_format", "json_schema", schema.schema_
+        options = self.structured_outputs or StructuredOutputs()
+        for guided, option, kind in _CONSTRAINTS:
+            if getattr(self, guided) is not None:
+                return guided, kind, getattr(self, guided)
+            if getattr(options, option) is not None:
+                return f"structured_outputs.{option.rstrip('_')}", kind, getattr(options, option)
         if options.json_object:
-            return StructuredOutput("json_object", None, any_whitespace)
-        regex = self.guided_regex if self.guided_regex is not None else options.regex
-        if regex is not None:
-            return StructuredOutput("regex", regex)
-        grammar = self.guided_grammar if self.guided_grammar is not None else options.grammar
-        if grammar is not None:
-            return StructuredOutput("grammar", grammar)
-        choice = self.guided_choice if self.guided_choice is not None else options.choice
-        if choice is not None:
-            if not choice:
-                raise ValueError("response_format: a choice needs at least one option")
-            return StructuredOutput("regex", "|".join(_regex_literal(c) for c in choice))
+            return "structured_outputs.json_object", "json_object", None
         return None
+
+    def request_field(self, sampling_field: str) -> str:
+        """The request's name for a SamplingParams field (the field a 400 names)."""
+        return sampling_field
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -169,6 +212,23 @@ class _Request(BaseModel):
 
 
 _GUIDED = ("guided_json", "guided_regex", "guided_grammar", "guided_choice")
+# (vLLM's older field, structured_outputs' attribute, kind) of each constraint given as text.
+_CONSTRAINTS = (
+    ("guided_json", "json_", "json_schema"),
+    ("guided_regex", "regex", "regex"),
+    ("guided_grammar", "grammar", "grammar"),
+    ("guided_choice", "choice", "choice"),
+)
+
+
+def _choice_regex(choice: list[str]) -> str:
+    """A regex matching exactly one of the options (InvalidConstraint: none, InvalidText: an
+    option with a lone surrogate)."""
+    if not choice:
+        raise InvalidConstraint("a choice needs at least one option")
+    for i, option in enumerate(choice):
+        check_text(option, f"option {i}")
+    return "|".join(_regex_literal(option) for option in choice)
 
 
 def _regex_literal(text: str) -> str:
@@ -176,19 +236,17 @@ def _regex_literal(text: str) -> str:
     return "".join(f"\\{c}" if c in r"\.+*?()|[]{}^$#&-~" else c for c in text)
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class StreamOptions(RequestModel):
     include_usage: bool = False
     continuous_usage_stats: bool = Field(
         False, description="vLLM extension: usage so far in every chunk (with include_usage)"
     )
 
 
-class StructuredOutputs(BaseModel):
+class StructuredOutputs(RequestModel):
     """vLLM's `structured_outputs`: one constraint, and how JSON may be laid out."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     json_: dict[str, Any] | str | None = Field(None, alias="json")
     regex: str | None = None
@@ -203,8 +261,8 @@ class StructuredOutputs(BaseModel):
         return [name for name, value in named.items() if value is not None]
 
 
-class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+class JsonSchemaFormat(RequestModel):
+    model_config = ConfigDict(populate_by_name=True)
 
     name: str = "response"
     description: str | None = None
@@ -212,38 +270,43 @@ class JsonSchemaFormat(BaseModel):
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(RequestModel):
     """OpenAI's `response_format`: plain text, any JSON object, or JSON matching a schema."""
-
-    model_config = ConfigDict(extra="ignore")
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
-    def structured(self, any_whitespace: bool = True) -> StructuredOutput | None:
-        if self.type == "json_object":
-            return StructuredOutput("json_object", None, any_whitespace)
-        if self.type == "json_schema":
-            if self.json_schema is None or self.json_schema.schema_ is None:
-                raise ValueError("response_format: json_schema needs json_schema.schema")
-            return StructuredOutput("json_schema", self.json_schema.schema_, any_whitespace)
-        return None
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_INT)]], Field(min_length=1)]
 
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=_MAX_INT)]], Field(min_length=1)]
+def _one_of_the_prompt_shapes(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """One error for a prompt of none of the shapes, not one per shape it is not."""
+    try:
+        return handler(value)
+    except ValidationError:
+        raise PydanticCustomError(
+            "prompt_shape",
+            "Input should be a string, a list of token ids (integers in [0, {max_int}]), a list "
+            "of strings, or a list of lists of token ids, none of them empty",
+            {"max_int": MAX_INT},
+        ) from None
+
+
 # One prompt (text or token ids) or a batch of them, as OpenAI's completions API takes it.
-Prompt = (
+Prompt = Annotated[
     str
     | TokenIds
     | Annotated[list[str], Field(min_length=1)]
-    | Annotated[list[TokenIds], Field(min_length=1)]
-)
+    | Annotated[list[TokenIds], Field(min_length=1)],
+    WrapValidator(_one_of_the_prompt_shapes),
+]
 
 
 class CompletionRequest(_Request):
     prompt: Prompt
-    max_tokens: Annotated[int, Field(ge=1, le=_MAX_INT)] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    max_tokens: int | None = 16
+    logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
 
@@ -252,8 +315,8 @@ class CompletionRequest(_Request):
             return "echo", "echo with logprobs is not supported (prompt logprobs are not kept)"
         if self.suffix:
             return "suffix", "suffix is not supported"
-        if len(self.prompts()) * self.n > 128:
-            return "n", "at most 128 choices per request (prompts x n)"
+        if len(self.prompts()) * self.n > MAX_CHOICES:
+            return "n", f"at most {MAX_CHOICES} choices per request (prompts x n)"
         return super().unsupported()
 
     def prompts(self) -> list[str | list[int]]:
@@ -264,16 +327,12 @@ class CompletionRequest(_Request):
         return list(p)
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class TextPart(RequestModel):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -288,10 +347,10 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Request):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1, le=_MAX_INT)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1, le=_MAX_INT)] | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = Field(True, description="vLLM extension")
 
@@ -304,7 +363,14 @@ class ChatCompletionRequest(_Request):
 
     def output_limit(self) -> int | None:
         """max_completion_tokens (the current name) over max_tokens (deprecated)."""
-        return self.max_completion_tokens or self.max_tokens
+        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
+
+    def request_field(self, sampling_field: str) -> str:
+        if sampling_field == "logprobs":
+            return "top_logprobs"
+        if sampling_field == "max_tokens" and self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return sampling_field
 
 
 class Usage(BaseModel):

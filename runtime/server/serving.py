@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ingot.runtime.n_best import pick_best
-from ingot.runtime.sampling import SamplingParams, fan_out
+from ingot.runtime.sampling import InvalidSamplingParams, SamplingParams, fan_out
 from ingot.runtime.server.async_llm import AsyncLLM
 from ingot.runtime.server.formats import Bodies, ChatBodies, Choice, CompletionBodies
 from ingot.runtime.server.protocol import (
@@ -33,11 +33,10 @@ from ingot.runtime.server.protocol import (
     model_not_found,
 )
 from ingot.runtime.server.stream import RequestDelta, RequestStream, ServedModel
+from ingot.runtime.structured import StructuredOutput
 from ingot.runtime.tokenizer import ChatTemplateError, InvalidText
 
 __all__ = ["Serving"]
-
-_GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: lower temperatures are greedy
 
 
 @dataclass(slots=True)
@@ -69,14 +68,19 @@ class Serving:
     async def completions(self, body: CompletionRequest) -> Response:
         model = self._served(body.model)
         _refuse_unsupported(body.unsupported())
+        structured = body.structured()
         prompts = [await self._completion_prompt(model, p) for p in body.prompts()]
         bodies = CompletionBodies(self.model_name, model.tokenizer, body.logprobs, **_usage(body))
-        params = [self._params(model, body, p.ids, body.max_tokens, body.logprobs) for p in prompts]
+        params = [
+            self._params(model, body, p.ids, body.max_tokens, body.logprobs, structured)
+            for p in prompts
+        ]
         return await self._respond(body, prompts, params, bodies, echo=body.echo)
 
     async def chat(self, body: ChatCompletionRequest) -> Response:
         model = self._served(body.model)
         _refuse_unsupported(body.unsupported())
+        structured = body.structured()
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         _refuse_too_long(model, "".join(m["content"] for m in messages), "messages")
         try:
@@ -90,7 +94,7 @@ class Serving:
         num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
         prompts = [_Prompt(ids, text)]
         bodies = ChatBodies(self.model_name, model.tokenizer, num_logprobs, **_usage(body))
-        params = [self._params(model, body, ids, body.output_limit(), num_logprobs)]
+        params = [self._params(model, body, ids, body.output_limit(), num_logprobs, structured)]
         return await self._respond(body, prompts, params, bodies, echo=False)
 
     # -- request -> generator ----------------------------------------------------------
@@ -119,19 +123,17 @@ class Serving:
         prompt_ids: list[int],
         max_tokens: int | None,
         num_logprobs: int | None,
+        structured: StructuredOutput | None,
     ) -> SamplingParams:
+        """The request's SamplingParams: its values are checked there (the Python API's rules),
+        and a bad one is a 400 naming the field as the request sent it."""
         if max_tokens is None:  # as vLLM: whatever the context leaves
             max_tokens = max(1, model.max_model_len - len(prompt_ids))
-        temperature = 0.0 if body.temperature < _GREEDY_BELOW else body.temperature
-        try:
-            structured = body.structured()
-        except ValueError as e:
-            raise APIError(400, str(e), param="response_format") from e
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
-                temperature=temperature,
-                top_k=max(0, body.top_k),
+                temperature=body.temperature,
+                top_k=body.top_k,
                 top_p=body.top_p,
                 seed=body.seed,
                 stop=body.stop_list(),
@@ -148,8 +150,9 @@ class Serving:
                 include_stop_str_in_output=body.include_stop_str_in_output,
                 structured=structured,
             )
-        except ValueError as e:
-            raise APIError(400, str(e), param=_param_of(str(e))) from e
+        except InvalidSamplingParams as e:
+            field = body.request_field(e.field)
+            raise APIError(400, f"{field} {e.reason}", param=field) from e
 
     async def _respond(
         self,
@@ -230,12 +233,6 @@ def _usage(body: CompletionRequest | ChatCompletionRequest) -> dict[str, bool]:
         "include_usage": bool(options and options.include_usage),
         "continuous_usage": bool(options and options.continuous_usage_stats),
     }
-
-
-def _param_of(message: str) -> str | None:
-    """The request field a SamplingParams error names (its messages start with the field)."""
-    field = message.split(" ", 1)[0].rstrip(":")
-    return field if field.isidentifier() else None
 
 
 def _closer(llm: AsyncLLM, samples: Sequence[_Sample]) -> Callable[[], None]:

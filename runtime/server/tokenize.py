@@ -15,7 +15,7 @@ import asyncio
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ingot.runtime.server.protocol import APIError, ChatMessage
+from ingot.runtime.server.protocol import APIError, ChatMessage, RequestModel
 from ingot.runtime.server.stream import ServedModel
 from ingot.runtime.tokenizer import ChatTemplateError, InvalidText
 
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestModel):
     """A prompt (vLLM's TokenizeCompletionRequest) or chat messages (TokenizeChatRequest)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -57,7 +57,7 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = None
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(RequestModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None

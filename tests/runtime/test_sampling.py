@@ -1,7 +1,13 @@
 import numpy as np
 import pytest
 
-from ingot.runtime.sampling import SamplingParams, logsumexp_rows, make_rng, sample
+from ingot.runtime.sampling import (
+    InvalidSamplingParams,
+    SamplingParams,
+    logsumexp_rows,
+    make_rng,
+    sample,
+)
 
 
 def _draws(logits, params, n=2000, seed=0):
@@ -95,7 +101,9 @@ def test_low_temperature_does_not_overflow():
         ("max_tokens", 1.5),
         ("temperature", -0.1),
         ("temperature", float("nan")),
-        ("top_k", -1),
+        ("top_k", -2),
+        ("top_k", True),
+        ("top_k", 1.0),
         ("top_p", 0.0),
         ("top_p", 1.1),
         ("seed", -3),
@@ -109,6 +117,35 @@ def test_low_temperature_does_not_overflow():
 def test_invalid_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", True),
+        ("temperature", "1"),
+        ("top_k", 2**31),
+        ("seed", 2**63),
+        ("max_tokens", 2**31),
+        ("stop", "a\ud800"),
+        ("stop_token_ids", 5),
+        ("stop_token_ids", [2**31]),
+        ("logit_bias", {"\u00b2": 1.0}),  # a digit int() cannot read
+    ],
+)
+def test_wrong_types_and_out_of_range_values_are_invalid_sampling_params(field, value):
+    with pytest.raises(InvalidSamplingParams, match=f"^{field} ") as caught:
+        SamplingParams(**{field: value})
+    assert caught.value.field == field
+
+
+def test_vllm_spellings_of_off_and_greedy():
+    # vLLM's: top_k -1 and 0 are both "no limit"; a temperature below 1e-5 is greedy.
+    assert SamplingParams(top_k=-1).top_k == 0 == SamplingParams(top_k=0).top_k
+    assert SamplingParams(temperature=1e-6).temperature == 0.0
+    assert SamplingParams(temperature=1e-5).temperature == 1e-5
+    with pytest.raises(InvalidSamplingParams, match=r"stop\[0\] has a lone surrogate at index 1"):
+        SamplingParams(stop="a\udfff")  # no output could ever match it
 
 
 def test_defaults_and_stop_string_normalization():

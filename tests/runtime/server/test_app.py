@@ -79,7 +79,7 @@ def test_unknown_model_is_404(call):
         ({"prompt": "a", "min_tokens": 20, "max_tokens": 5}, "min_tokens"),
         ({"prompt": "a", "response_format": {"type": "xml"}}, "response_format"),
         ({"prompt": "a", "response_format": {"type": "json_schema"}}, "response_format"),
-        ({"prompt": "a", "guided_regex": "(", "max_tokens": 2}, "response_format"),
+        ({"prompt": "a", "guided_regex": "(", "max_tokens": 2}, "guided_regex"),
         ({"prompt": "a", "guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),
         ({"prompt": "a", "suffix": "z"}, "suffix"),
         ({"prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
