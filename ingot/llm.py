@@ -25,9 +25,9 @@ from ingot.runtime.kv_pool import KVCacheTooSmall
 from ingot.runtime.model import LoadedModel
 from ingot.runtime.n_best import pick_best
 from ingot.runtime.sampling import SamplingParams, fan_out
-from ingot.runtime.tokenizer import TextTokenizer
+from ingot.runtime.tokenizer import ChatTemplateError, TextTokenizer, check_chat_template
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "resolve_model"]
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "load_chat_template", "resolve_model"]
 
 Prompt = str | dict[str, Any]  # text, or {"prompt_token_ids": [...]} as vLLM's TokensPrompt
 Message = dict[str, Any]  # {"role": ..., "content": ...}
@@ -71,16 +71,23 @@ class LLM:
         max_num_batched_tokens: int = 2048,
         enable_prefix_caching: bool = True,
         speculative_config: dict[str, Any] | bool | None = None,
+        chat_template: str | Path | None = None,
     ) -> None:
         """`kv_cache_memory`: bytes of KV cache (keys and values of every layer); None sizes it
         from available memory (half of it, at most `max_num_seqs` sequences of max_seq_len).
         `speculative_config`: vLLM's dict ({"method": "ngram", "num_speculative_tokens": 4,
         "prompt_lookup_max": 4}, or method "draft_model" / "medusa" / "eagle" on an artifact
         built with a draft model / heads / an EAGLE-3 draft); None keeps the artifact's own
-        setting, False turns speculation off."""
+        setting, False turns speculation off.
+        `chat_template`: the Jinja chat template `chat` renders, instead of the artifact's (or
+        where it has none): the template's text, or a file holding it (a Path, or a str naming
+        an existing file, as vLLM's --chat-template); a template that does not compile raises
+        ChatTemplateError."""
+        template = None if chat_template is None else load_chat_template(chat_template)
         try:
             self.model = LoadedModel.load(
                 resolve_model(model),
+                chat_template=template,
                 kv_cache_bytes=kv_cache_memory,
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens,
@@ -113,7 +120,8 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         add_generation_prompt: bool = True,
     ) -> list[RequestOutput]:
-        """Reply to one conversation or a list of them, through the artifact's chat template."""
+        """Reply to one conversation or a list of them, through the chat template (the
+        `chat_template` given to LLM, else the artifact's)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.model.tokenizer
         texts = [
@@ -157,6 +165,29 @@ class LLM:
             )
             self._next_id += 1
         return outputs
+
+
+def load_chat_template(template: str | Path) -> str:
+    """The template source `template` stands for: a str with Jinja syntax or a line break in
+    it is the template itself (vLLM's LLM.chat(chat_template=...)); a Path, or any other str,
+    names a file holding one (vLLM's --chat-template FILE). Checked to compile, so a bad
+    template fails here rather than at the first chat."""
+    if isinstance(template, str) and ("{" in template or "\n" in template):
+        source, where = template, "chat_template"
+    else:
+        where = f"chat_template {str(template)!r}"
+        try:
+            source = Path(template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ChatTemplateError(
+                f"{where}: not a template (no Jinja syntax in it) and not a readable UTF-8 "
+                f"file: {e}"
+            ) from e
+    try:
+        check_chat_template(source)
+    except ChatTemplateError as e:
+        raise ChatTemplateError(f"{where}: {e}") from e
+    return source
 
 
 def _completion_output(index: int, c: Completion) -> CompletionOutput:

@@ -130,6 +130,7 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
     drafting: DraftState = field(default_factory=DraftState)
+    scheduled_at: float | None = None  # time.monotonic() when a step first scheduled it
 
     @property
     def output_ids(self) -> list[int]:
@@ -250,6 +251,7 @@ class Generator:
             req.top_logprobs if want else None,
             req.stop_reason,
             req.cumulative_logprob,
+            req.scheduled_at,
         )
 
     def stats(self) -> SchedulerStats:
@@ -280,6 +282,10 @@ class Generator:
             if self.has_unfinished():
                 raise OutOfBlocks("no request could be scheduled: the KV pool is held elsewhere")
             return []
+        now = time.monotonic()
+        for chunk in plan.prefill:  # a preempted request's recompute keeps its first time
+            req = self._requests[chunk.seq.id]
+            req.scheduled_at = now if req.scheduled_at is None else req.scheduled_at
         # Drafts ride in the decode call: they get what the scheduled tokens left of the budget.
         spare = self.scheduler.max_num_batched_tokens - plan.num_batched_tokens
         outputs = self._decode(plan.decode, spare) if plan.decode else []

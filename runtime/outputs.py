@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 __all__ = ["Completion", "SchedulerStats", "StepOutput"]
@@ -25,6 +25,10 @@ class Completion:
     # Sum of the sampled tokens' logprobs under the raw model distribution: None unless the
     # request asked for logprobs or is `ranked` (a best_of sample), as vLLM.
     cumulative_logprob: float | None = None
+    # time.monotonic() when its prompt was first scheduled (vLLM's scheduled_ts): the end of
+    # its queueing and the start of its prefill, for the server's metrics. A timing, not part
+    # of what was generated: two equal completions may differ in it.
+    scheduled_at: float | None = field(default=None, compare=False)
 
 
 class StepOutput(NamedTuple):

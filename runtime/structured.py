@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import llguidance
 
 __all__ = [
+    "JSON_WHITESPACE",
     "InvalidConstraint",
     "Matcher",
     "StructuredOutput",
@@ -39,6 +40,13 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 StructuredOutputKind = Literal["json_object", "json_schema", "regex", "grammar"]
+
+# The whitespace JSON output may put between two tokens by default: one space or tab, or one
+# line break and up to 32 spaces or tabs of indentation (compact JSON, `json.dumps`' ", " and
+# ": ", and pretty-printed JSON nested up to 16 levels at indent 2 all fit). llguidance allows
+# one such run between tokens. Unbounded whitespace (llguidance's and vLLM's default) lets a
+# model that favours "\n" pad an object until max_tokens: JSON that never parses.
+JSON_WHITESPACE = r"[\x20\x09]|\x0D?\x0A[\x20\x09]{0,32}"
 
 
 class InvalidConstraint(IngotError, ValueError):
@@ -59,8 +67,8 @@ class StructuredOutput:
 
     kind: StructuredOutputKind
     spec: str | dict[str, Any] | None = None
-    # JSON only: any whitespace between tokens (vLLM's default), or none beyond llguidance's
-    # fixed separators (vLLM's disable_any_whitespace), which a model cannot pad forever.
+    # JSON only: a bounded run of whitespace between tokens (JSON_WHITESPACE), or none beyond
+    # llguidance's fixed separators "," and ":" (vLLM's disable_any_whitespace).
     any_whitespace: bool = True
 
     def __post_init__(self) -> None:
@@ -82,15 +90,16 @@ class StructuredOutput:
             raise InvalidConstraint(
                 f"kind must be one of {list(get_args(StructuredOutputKind))}, got {kind!r}"
             )
-        options = {"whitespace_flexible": self.any_whitespace}
         if kind == "json_object":
             if spec is not None:
                 raise InvalidConstraint("json_object takes no spec")
+            options = _json_options({}, self.any_whitespace)
             return llguidance.LLMatcher.grammar_from_json_schema(
                 {"type": "object"}, defaults=options
             )
         if kind == "json_schema":
             schema = _json_schema(spec)
+            options = _json_options(schema, self.any_whitespace)
             try:
                 return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
             except (ValueError, TypeError) as e:
@@ -103,6 +112,17 @@ class StructuredOutput:
             return llguidance.grammar_from("grammar", spec)  # Lark, or GBNF converted to Lark
         except ValueError as e:
             raise InvalidConstraint(f"invalid grammar: {e}") from e
+
+
+def _json_options(schema: dict[str, Any] | bool, any_whitespace: bool) -> dict[str, Any]:
+    """llguidance's JSON options: the whitespace default, unless the schema's own top-level
+    "x-guidance" options set whitespace (they win, as llguidance's defaults let them)."""
+    own = schema.get("x-guidance") if isinstance(schema, dict) else None
+    if isinstance(own, dict) and own.keys() & {"whitespace_flexible", "whitespace_pattern"}:
+        return {}
+    if any_whitespace:
+        return {"whitespace_pattern": JSON_WHITESPACE}
+    return {"whitespace_flexible": False}
 
 
 def _json_schema(spec: object) -> dict[str, Any] | bool:

@@ -129,8 +129,8 @@ class TextTokenizer:
         if self._template is None:
             raise ChatTemplateError(
                 "this artifact has no chat template (manifest tokenizer.chat_template is "
-                "null); send a plain prompt instead of chat messages, or give a template "
-                "(ingot serve --chat-template FILE)"
+                "null); send a plain prompt instead of chat messages, or give a template: "
+                "ingot serve --chat-template FILE, or LLM(model, chat_template=FILE or text)"
             )
         try:
             return self._template.render(

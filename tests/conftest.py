@@ -33,3 +33,15 @@ def pytest_collection_modifyitems(config, items):
         return
     for item in gpu_items:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def demo_artifact(tmp_path_factory) -> Path:
+    """The embedded demo, built from recipes/demo.yaml as `ingot build` builds it (its own
+    stage cache): what README's examples run on (tests/test_readme_examples.py)."""
+    from ingot.pipeline.build import build
+    from ingot.pipeline.cache import StageCache
+
+    root = tmp_path_factory.mktemp("demo")
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "demo.yaml"
+    return build(recipe, root / "demo", cache=StageCache(root / "cache")).artifact

@@ -51,6 +51,7 @@ class _Live:
     gen_id: int
     text: str = ""  # streamed so far
     num_output: int = 0
+    first_token_time: float = 0.0
     last_token_time: float = 0.0
 
 
@@ -182,6 +183,7 @@ class AsyncLLM:
             else:
                 self.on_load_failure(e)
             return
+        self.metrics.bind_model(model.max_model_len)
         self.model = model
         log.info("model loaded and warmed up; ready")
         generator = model.generator
@@ -257,14 +259,18 @@ class AsyncLLM:
             grouped.setdefault(out.request_id, []).append(out)
         now = time.monotonic()
         deliveries = []
+        step_tokens = 0  # vLLM's count: sampled tokens, plus the prompts that got their first
         for gen_id, outs in grouped.items():
             live = by_id.get(gen_id)
             if live is None:  # aborted while its step ran
                 continue
+            step_tokens += len(outs) + (len(live.stream.prompt_ids) if live.num_output == 0 else 0)
             item = self._to_delta(generator, live, outs, now)
             if item.finish_reason is not None:
                 del self._live[live.stream]
             deliveries.append((live.stream, item))
+        if step_tokens:
+            self.metrics.iteration_tokens.observe(step_tokens)
         for stream in put_each_threadsafe(deliveries):  # their handlers' event loop is gone
             self._abort(generator, stream)
 
@@ -276,17 +282,26 @@ class AsyncLLM:
         if live.num_output == 0:
             m.time_to_first_token.observe(now - stream.arrival)
             m.prompt_tokens.inc(len(stream.prompt_ids))
+            live.first_token_time = now
         else:
             m.time_per_output_token.observe(now - live.last_token_time)
+            m.inter_token_latency.observe(now - live.last_token_time)
         live.last_token_time = now
         live.num_output += len(outs)
         m.generation_tokens.inc(len(outs))
         finish_reason = outs[-1].finish_reason if outs[-1].finished else None
         if finish_reason is not None:
-            m.e2e_request_latency.observe(now - stream.arrival)
             m.request_finished(finish_reason)
             # The completion's text is authoritative (stop strings cut, held-back text flushed).
             completion = generator.pop_completion(live.gen_id)
+            m.observe_finished(
+                arrival=stream.arrival,
+                scheduled=completion.scheduled_at,
+                first_token=live.first_token_time,
+                finished=now,
+                num_prompt_tokens=len(stream.prompt_ids),
+                num_generation_tokens=live.num_output,
+            )
             text = completion.text[len(live.text) :]
         else:
             text = "".join(out.text_delta for out in outs)

@@ -96,10 +96,16 @@ class Bodies:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def _chunk(self, choice_body: dict, delta: RequestDelta) -> dict:
+    def _chunk(
+        self, choice_body: dict, delta: RequestDelta, num_output_tokens: int | None = None
+    ) -> dict:
+        """A chunk of `choice_body`; with continuous usage, the usage so far (`num_output_tokens`
+        output tokens, default all of the delta's)."""
         usage = None
         if self.continuous_usage:
-            usage = Usage.of(delta.num_prompt_tokens, delta.num_output_tokens)
+            if num_output_tokens is None:
+                num_output_tokens = delta.num_output_tokens
+            usage = Usage.of(delta.num_prompt_tokens, num_output_tokens)
         return self.envelope(self.object_chunk, [choice_body], usage)
 
 
@@ -159,7 +165,9 @@ class ChatBodies(Bodies):
         chunks = []
         if not choice.opened:  # OpenAI opens each choice with the role
             choice.opened = True
-            chunks.append(self._delta(choice, {"role": "assistant", "content": ""}, None, delta))
+            # Before any token: as vLLM's, its continuous usage counts no completion tokens.
+            role = {"role": "assistant", "content": ""}
+            chunks.append(self._delta(choice, role, None, delta, num_output_tokens=0))
         if delta.text or delta.logprobs is not None:
             logprobs = self.logprobs(choice, [delta])
             chunks.append(self._delta(choice, {"content": delta.text}, logprobs, delta))
@@ -174,6 +182,7 @@ class ChatBodies(Bodies):
         logprobs: dict | None,
         delta: RequestDelta,
         finished: bool = False,
+        num_output_tokens: int | None = None,
     ) -> dict:
         body = {
             "index": choice.index,
@@ -182,7 +191,7 @@ class ChatBodies(Bodies):
             "finish_reason": delta.finish_reason if finished else None,
             "stop_reason": delta.stop_reason if finished else None,
         }
-        return self._chunk(body, delta)
+        return self._chunk(body, delta, num_output_tokens)
 
     def logprobs(self, choice: Choice, deltas: list[RequestDelta]) -> dict | None:
         if self.num_logprobs is None:

@@ -48,6 +48,7 @@ def test_runtime_greedy_matches_ir(tmp_path, variant):
 def test_demo_artifact_greedy_matches_ir(tmp_path):
     demo = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())
     demo["source"]["path"] = str(REPO / "recipes" / "demo" / "pydoc-tiny")
+    demo["artifact"]["chat_template"] = str(REPO / "recipes" / "demo" / "chat_template.jinja")
     demo["targets"] = EXACT
     del demo["evaluate"]
     recipe = tmp_path / "demo.yaml"

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from ingot import LLM, SamplingParams
-from ingot.llm import RequestOutput
+from ingot.llm import RequestOutput, load_chat_template
 from ingot.runtime.structured import StructuredOutput
+from ingot.runtime.tokenizer import ChatTemplateError
 
 from fixtures import make_checkpoint, write_recipe
 
@@ -119,6 +121,28 @@ def test_chat_renders_the_artifacts_template(llm):
     assert out.prompt_token_ids == llm.get_tokenizer().encode(out.prompt, add_special_tokens=False)
     both = llm.chat([messages, [{"role": "user", "content": "bye"}]], GREEDY)
     assert both[0].outputs[0].token_ids == out.outputs[0].token_ids and len(both) == 2
+
+
+def test_chat_template_text_or_file_replaces_the_artifacts(llm, tmp_path):
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}>"
+    file = tmp_path / "t.jinja"
+    file.write_text(template)
+    messages = [{"role": "user", "content": "hi"}]
+    for given in (template, file, str(file)):  # text; a Path; a str naming a file
+        custom = LLM(llm.model.root, kv_cache_memory=1 << 20, chat_template=given)
+        [out] = custom.chat(messages, GREEDY)
+        assert out.prompt == "[user] hi\n>", given
+
+
+def test_a_bad_chat_template_fails_when_given(tmp_path):
+    # Before any model loads (load_chat_template runs first), naming what was given.
+    with pytest.raises(ChatTemplateError, match=r"^chat_template: chat template does not parse"):
+        LLM(tmp_path / "no-artifact", chat_template="{% for %}")
+    missing = str(tmp_path / "missing.jinja")
+    with pytest.raises(ChatTemplateError, match="not a template .* and not a readable UTF-8 file"):
+        LLM(tmp_path / "no-artifact", chat_template=missing)
+    with pytest.raises(ChatTemplateError, match=r"^chat_template '.*missing\.jinja': not a"):
+        load_chat_template(Path(missing))  # a Path is always a file, whatever it holds
 
 
 def test_context_length_error_and_unsupported_references(llm):

@@ -500,6 +500,7 @@ def test_llama_cpp_tokenizes_as_the_tokenizer_json(tmp_path, checkpoint, split, 
 def _demo_recipe(tmp: Path, text: Path) -> Path:
     recipe = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())
     recipe["source"]["path"] = str(DEMO / "pydoc-tiny")
+    recipe["artifact"]["chat_template"] = str(DEMO / "chat_template.jinja")
     recipe["export"]["max_seq_len"] = 256
     recipe["evaluate"] = {"perplexity": {"dataset": str(text), "seq_len": 128}}
     recipe["interop"] = ["gguf"]

@@ -46,6 +46,7 @@ def test_ingot_plan_prints_the_kv_bytes_per_token(tmp_path):
 
     demo = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())
     demo["source"]["path"] = str(REPO / "recipes" / "demo" / "pydoc-tiny")
+    demo["artifact"]["chat_template"] = str(REPO / "recipes" / "demo" / "chat_template.jinja")
     demo["kv_cache"]["dtype"] = "int8"
     demo["calibration"] = {"dataset": str(REPO / "recipes" / "demo" / "pydoc-heldin.txt")}
     recipe = tmp_path / "demo.yaml"

@@ -130,6 +130,7 @@ def test_a_toy_method_from_another_distribution_builds_end_to_end(tmp_path):
     _toy_distribution(tmp_path / "site")
     recipe = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())
     recipe["source"]["path"] = str(DEMO / "pydoc-tiny")
+    recipe["artifact"]["chat_template"] = str(DEMO / "chat_template.jinja")
     recipe["calibration"] = {"dataset": str(DEMO / "pydoc-heldin.txt"), "samples": 4, "seq_len": 64}
     recipe["quantize"] = [
         {"method": "ternary", "targets": ["re:layers\\..*\\.attn\\..*"], "ignore": []},

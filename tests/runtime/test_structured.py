@@ -165,3 +165,47 @@ assert "llguidance" in sys.modules and not heavy, heavy
     write_tokenizer(tmp_path, V)
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _matches(tokenizer, structured: StructuredOutput, text: str) -> bool:
+    """Whether `structured` allows exactly `text` (each token allowed, then complete)."""
+    matcher = Matcher(ll_tokenizer(tokenizer, V, (EOS,)), structured)
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        if not matcher.allowed(V)[token]:
+            return False
+        matcher.consume(token)
+    return matcher.is_accepting
+
+
+WHITESPACE_SCHEMA = {"type": "object", "properties": {"a": {"type": "array"}, "b": {}}}
+WHITESPACE_VALUE = {"a": [1, 2], "b": {"c": None}}
+
+
+@pytest.mark.parametrize(
+    ("text", "default", "none"),
+    [
+        (json.dumps(WHITESPACE_VALUE, separators=(",", ":")), True, True),  # compact
+        (json.dumps(WHITESPACE_VALUE), True, False),  # ", " and ": "
+        (json.dumps(WHITESPACE_VALUE, indent=2), True, False),
+        (json.dumps(WHITESPACE_VALUE, indent="\t"), True, False),
+        ('{ "a" : [ 1 , 2 ] }', True, False),  # one space at every gap
+        ('{\r\n  "a": []\r\n}', True, False),
+        ('{"a":  [1]}', False, False),  # two spaces
+        ('{"a":\n\n[1]}', False, False),  # two line breaks
+        ('{"a": [1]' + "\n" + " " * 33 + "}", False, False),  # indented past 32
+        (' {"a": []}', False, False),  # nothing before the object
+    ],
+)
+def test_json_whitespace_is_bounded_by_default(tokenizer, text, default, none):
+    # The default: one space or tab, or one line break and up to 32 spaces or tabs, between
+    # two tokens; a model cannot pad an object with whitespace until max_tokens.
+    # disable_any_whitespace (any_whitespace=False): none at all.
+    assert _matches(tokenizer, StructuredOutput("json_schema", WHITESPACE_SCHEMA), text) is default
+    assert _matches(tokenizer, StructuredOutput("json_object"), text) is default
+    compact = StructuredOutput("json_schema", WHITESPACE_SCHEMA, any_whitespace=False)
+    assert _matches(tokenizer, compact, text) is none
+
+
+def test_a_schemas_own_x_guidance_overrides_the_whitespace_default(tokenizer):
+    schema = {**WHITESPACE_SCHEMA, "x-guidance": {"whitespace_flexible": True}}
+    assert _matches(tokenizer, StructuredOutput("json_schema", schema), '{"a":\n\n\n  []}')

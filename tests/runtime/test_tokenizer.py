@@ -83,8 +83,11 @@ def test_chat_template_is_sandboxed_and_can_refuse(tok_dir):
 def test_no_chat_template_is_a_clear_error(tok_dir):
     tok = TextTokenizer.from_artifact(tok_dir, TokenizerInfo(path="tokenizer.json"))
     assert not tok.has_chat_template
-    with pytest.raises(ChatTemplateError, match="no chat template"):
+    with pytest.raises(ChatTemplateError, match="no chat template") as caught:
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    # Both ways to give one: the server's flag and the Python API's argument.
+    assert "ingot serve --chat-template FILE" in str(caught.value)
+    assert "LLM(model, chat_template=" in str(caught.value)
 
 
 def test_artifact_paths_are_checked(tok_dir):
