@@ -122,6 +122,12 @@ _SERVE_OPTIONS = (
         default=None,
         help=SPECULATIVE_HELP,
     ),  # fmt: skip
+    click.option(
+        "--max-tokenize-tokens",
+        default=None,
+        type=click.IntRange(min=1),
+        help="/tokenize refuses longer prompts (400). [default: the model's max_seq_len]",
+    ),  # fmt: skip
 )
 
 

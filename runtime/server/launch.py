@@ -52,6 +52,7 @@ class ServeOptions:
     chat_template: str | None = None  # template source replacing the artifact's
     # vLLM's speculative_config dict; None: the artifact's recipe; False: off
     speculative_config: dict[str, Any] | bool | None = None
+    max_tokenize_tokens: int | None = None  # /tokenize's limit; None: the model's max_seq_len
 
 
 def load_served_model(
@@ -65,9 +66,11 @@ def load_served_model(
     chat_template: str | None = None,
     speculative_config: dict[str, Any] | bool | None = None,
     spinning: bool = True,
+    max_tokenize_tokens: int | None = None,
 ) -> ServedModel:
     """Verify and load `artifact` (LoadedModel.load logs the engine and the KV pool size);
-    `kv_cache_bytes=None` sizes the KV cache from available memory."""
+    `kv_cache_bytes=None` sizes the KV cache from available memory; /tokenize refuses more
+    than `max_tokenize_tokens` (None: the model's max_seq_len)."""
     loaded = LoadedModel.load(
         artifact,
         kv_cache_bytes=kv_cache_bytes,
@@ -85,6 +88,7 @@ def load_served_model(
         tokenizer=loaded.tokenizer,
         max_model_len=info.max_seq_len,
         max_num_seqs=max_num_seqs,
+        max_tokenize_tokens=max_tokenize_tokens,
     )
 
 
@@ -122,6 +126,7 @@ def run_server(artifact: Path | str, model_name: str, options: ServeOptions) -> 
         verify_key=options.verify_key,
         chat_template=options.chat_template,
         speculative_config=options.speculative_config,
+        max_tokenize_tokens=options.max_tokenize_tokens,
     )
     llm = AsyncLLM(
         load,

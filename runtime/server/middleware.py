@@ -8,12 +8,14 @@ is counted chunk by chunk and refused as soon as it passes the limit, never buff
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ingot.runtime.memory import format_bytes
+from ingot.runtime.server.heap import give_back_freed_memory
 from ingot.runtime.server.protocol import APIError
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "RequestBodyLimit", "RequestId", "request_id_of"]
@@ -21,6 +23,8 @@ __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "RequestBodyLimit", "RequestId", "reques
 # Far above any real prompt (a 128k-token context is well under 1 MiB of text), far below
 # what would hurt the server to buffer.
 DEFAULT_MAX_REQUEST_BYTES = 16 << 20
+# After a body this large, freed memory goes back to the system (give_back_freed_memory).
+TRIM_AFTER_BYTES = 1 << 20
 
 _REQUEST_ID = b"x-request-id"
 
@@ -50,30 +54,30 @@ class RequestBodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._too_large(send)
             return
+        body, size = await self._read_body(receive, send)
+        if body is not None:  # else answered (413), or the client left before sending it all
+            await self.app(scope, _replay(body, receive), send)
+            del body
+        if size >= TRIM_AFTER_BYTES:  # milliseconds: off the event loop
+            await asyncio.to_thread(give_back_freed_memory)
+
+    async def _read_body(self, receive: Receive, send: Send) -> tuple[bytes | None, int]:
+        """The whole body and its size; None for the body once a 413 is sent or the client
+        left, with the bytes read until then."""
         chunks: list[bytes] = []
         size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":  # the client left before sending it all
-                return
+                return None, size
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
                 await self._too_large(send)
-                return
+                return None, size
             chunks.append(chunk)
             if not message.get("more_body", False):
-                break
-        body: Message | None = {"type": "http.request", "body": b"".join(chunks)}
-
-        async def replay() -> Message:
-            nonlocal body
-            if body is not None:
-                message, body = body, None
-                return message
-            return await receive()
-
-        await self.app(scope, replay, send)
+                return b"".join(chunks), size
 
     async def _too_large(self, send: Send) -> None:
         error = APIError(
@@ -90,6 +94,20 @@ class RequestBodyLimit:
         ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for the app: the body read, whole, then what the server sends next."""
+    first: Message | None = {"type": "http.request", "body": body}
+
+    async def replay() -> Message:
+        nonlocal first
+        if first is not None:
+            message, first = first, None
+            return message
+        return await receive()
+
+    return replay
 
 
 class RequestId:

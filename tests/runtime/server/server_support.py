@@ -78,6 +78,7 @@ def fake_llm(
     max_num_seqs: int = 4,
     max_queue: int = 8,
     load_gate: threading.Event | None = None,
+    max_tokenize_tokens: int | None = None,
     **llm_options,
 ) -> tuple[AsyncLLM, FakeSession]:
     write_tokenizer(tmp_path, V)
@@ -92,7 +93,7 @@ def fake_llm(
         if load_gate is not None:
             load_gate.wait(HOLD_TIMEOUT_S)
         generator = Generator(session, pool, tokenizer, config)
-        return ServedModel(generator, tokenizer, MAX_LEN, max_num_seqs)
+        return ServedModel(generator, tokenizer, MAX_LEN, max_num_seqs, max_tokenize_tokens)
 
     llm = AsyncLLM(load, Metrics("fake"), max_queue=max_queue, **llm_options)
     return llm, session
