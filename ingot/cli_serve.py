@@ -122,6 +122,27 @@ _SERVE_OPTIONS = (
         default=None,
         help=SPECULATIVE_HELP,
     ),  # fmt: skip
+    click.option(
+        "--max-tokenize-tokens",
+        default=None,
+        type=click.IntRange(min=1),
+        help="/tokenize refuses longer prompts (400). [default: the model's max_seq_len]",
+    ),  # fmt: skip
+    click.option(
+        "--keep-alive-timeout",
+        default=5.0,
+        show_default=True,
+        type=click.FloatRange(min=0, min_open=True),
+        help="Seconds an idle connection stays open, before its first request or after one.",
+    ),  # fmt: skip
+    click.option(
+        "--request-read-timeout",
+        default=20.0,
+        show_default=True,
+        type=click.FloatRange(min=0, min_open=True),
+        help="Seconds a request's headers and body have to arrive, plus one per 500 bytes "
+        "received; slower uploads get 408 and are closed.",
+    ),  # fmt: skip
 )
 
 
@@ -150,9 +171,9 @@ def serve(
     from ingot.artifacts import ArtifactError, read_manifest
     from ingot.artifacts.resolve import resolve_artifact
     from ingot.artifacts.signing import check_signature
-    from ingot.runtime.kv_pool import KVCacheTooSmall
+    from ingot.runtime.kv_pool import KVCacheAllocationFailed, KVCacheTooSmall
     from ingot.runtime.memory import format_bytes
-    from ingot.runtime.server.launch import ServeOptions, run_server
+    from ingot.runtime.server.launch import ForcedShutdown, ServeOptions, run_server
     from ingot.runtime.speculative.load import resolve_config
 
     template = _read_chat_template(Path(chat_template)) if chat_template else None
@@ -174,12 +195,15 @@ def serve(
     # A load failure stops the server; say it in the user's words (their flags).
     try:
         run_server(artifact, name, serve_options)
-    except KVCacheTooSmall as e:
+    except (KVCacheTooSmall, KVCacheAllocationFailed) as e:
         kv = serve_options.kv_cache_bytes
         given = "--kv-cache-memory " + ("auto" if kv is None else format_bytes(kv, sep=""))
         raise UserError(e.explain("--kv-cache-memory", given)) from e
     except ArtifactError as e:  # the files do not verify
         raise UserError(f"refusing to serve {artifact}: {e}") from e
+    except ForcedShutdown as e:  # 128 + the signal: what a shell reports for a killed process
+        click.secho(f"ingot serve: {e}", fg="red", err=True)
+        raise SystemExit(128 + e.signal) from e
 
 
 def _read_chat_template(path: Path) -> str:

@@ -26,6 +26,7 @@ from ingot.runtime.prefix_cache import PrefixCache
 __all__ = [
     "BlockAllocator",
     "BlockTable",
+    "KVCacheAllocationFailed",
     "KVCacheTooSmall",
     "KVLayout",
     "KVPool",
@@ -93,6 +94,23 @@ class KVCacheTooSmall(IngotError, ValueError):
         return (
             f"{given} holds {self.capacity_tokens} tokens; {self.needs} needs {needed} "
             f"(raise {setting})"
+        )
+
+
+class KVCacheAllocationFailed(IngotError, MemoryError):
+    """The KV cache budget is more memory than this process may allocate (RAM, or a limit
+    such as `ulimit -v`): a setting to lower, not a bug."""
+
+    def __init__(self, nbytes: int) -> None:
+        size = f"{nbytes / 2**30:.1f} GiB"
+        super().__init__(f"cannot allocate the KV cache ({size}): out of memory")
+        self.nbytes = nbytes
+
+    def explain(self, setting: str, given: str) -> str:
+        """The message in the caller's words, as KVCacheTooSmall.explain."""
+        return (
+            f"{given}: cannot allocate the KV cache, more memory than this process may use "
+            f"(lower {setting})"
         )
 
 
@@ -239,8 +257,12 @@ class KVPool:
         # Zero-filled by writing, not np.zeros' lazily mapped pages: otherwise the first write
         # to every page faults inside a decode step (tens of µs per step of a fresh server),
         # and the resident size would creep up instead of being what the log line says.
-        self.k = [_zero_filled(shape, dtype) for _ in range(num_layers)]
-        self.v = [_zero_filled(shape, dtype) for _ in range(num_layers)]
+        try:
+            self.k = [_zero_filled(shape, dtype) for _ in range(num_layers)]
+            self.v = [_zero_filled(shape, dtype) for _ in range(num_layers)]
+        except MemoryError as e:
+            nbytes = 2 * num_layers * int(np.prod(shape)) * np.dtype(dtype).itemsize
+            raise KVCacheAllocationFailed(nbytes) from e
         # Reshapes of contiguous arrays are views: writing through them writes the pool.
         # [NB*B, Hkv*D] views: a slot is one row, whatever shape the new K/V come in.
         self._k_flat = [a.reshape((num_blocks + 1) * block_size, -1) for a in self.k]

@@ -67,10 +67,13 @@ class AsyncLLM:
         max_queue: int = 64,
         request_timeout: float | None = None,
         on_load_failure: Callable[[BaseException], None] | None = None,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
         """`on_load_failure(error)`, if given, is called from the generator thread when loading
         fails (and the traceback is not logged: the owner reports it, e.g. by stopping the
-        server and exiting); without it the failure is logged and /health stays 503."""
+        server and exiting); without it the failure is logged and /health stays 503.
+        `on_ready()`, if given, is called from the generator thread once the model is loaded
+        and warmed up, before requests are admitted."""
         self._load = load
         self.metrics = metrics
         self.max_queue = max_queue
@@ -80,6 +83,7 @@ class AsyncLLM:
         self.error: str | None = None  # why the generator thread is dead, if it is
         self.load_error: BaseException | None = None  # what loading raised, if it failed
         self.on_load_failure = on_load_failure
+        self.on_ready = on_ready
         self.draining = False
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, RequestStream]] = []
@@ -184,6 +188,8 @@ class AsyncLLM:
                 self.on_load_failure(e)
             return
         self.metrics.bind_model(model.max_model_len)
+        if self.on_ready is not None:
+            self.on_ready()
         self.model = model
         log.info("model loaded and warmed up; ready")
         generator = model.generator

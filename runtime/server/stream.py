@@ -24,6 +24,13 @@ class ServedModel:
     tokenizer: TextTokenizer
     max_model_len: int
     max_num_seqs: int
+    # /tokenize refuses a prompt of more tokens, as completions refuse one over the context;
+    # None: max_model_len.
+    max_tokenize_tokens: int | None = None
+
+    @property
+    def tokenize_limit(self) -> int:
+        return self.max_model_len if self.max_tokenize_tokens is None else self.max_tokenize_tokens
 
 
 @dataclass(slots=True)

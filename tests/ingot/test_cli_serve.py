@@ -36,3 +36,14 @@ def test_max_num_seqs_default_is_the_runtimes():
     serve = main.commands["serve"]
     [option] = [p for p in serve.params if p.name == "max_num_seqs"]
     assert option.default == DEFAULT_MAX_NUM_SEQS
+
+
+def test_connection_and_tokenize_defaults_are_the_servers():
+    # Literals here too, for the same reason; ServeOptions is what run_server gets.
+    from ingot.cli import main
+    from ingot.runtime.server.launch import ServeOptions
+
+    defaults = {p.name: p.default for p in main.commands["serve"].params}
+    options = ServeOptions()
+    for name in ("keep_alive_timeout", "request_read_timeout", "max_tokenize_tokens"):
+        assert defaults[name] == getattr(options, name), name

@@ -22,6 +22,8 @@ from ingot.runtime.server import (
     create_app,
     load_served_model,
 )
+from ingot.runtime.server.launch import ServeOptions, uvicorn_config
+from ingot.runtime.server.server import IngotServer
 from ingot.runtime.tokenizer import TextTokenizer
 
 from fixtures import CHAT_TEMPLATE, write_tokenizer
@@ -47,6 +49,10 @@ class FakeSession:
 
     def release(self) -> None:
         self._go.set()
+
+    @property
+    def held(self) -> bool:
+        return not self._go.is_set()
 
     def break_after(self, runs: int) -> None:
         """Let `runs` more runs succeed, then fail every one."""
@@ -78,6 +84,7 @@ def fake_llm(
     max_num_seqs: int = 4,
     max_queue: int = 8,
     load_gate: threading.Event | None = None,
+    max_tokenize_tokens: int | None = None,
     **llm_options,
 ) -> tuple[AsyncLLM, FakeSession]:
     write_tokenizer(tmp_path, V)
@@ -92,7 +99,7 @@ def fake_llm(
         if load_gate is not None:
             load_gate.wait(HOLD_TIMEOUT_S)
         generator = Generator(session, pool, tokenizer, config)
-        return ServedModel(generator, tokenizer, MAX_LEN, max_num_seqs)
+        return ServedModel(generator, tokenizer, MAX_LEN, max_num_seqs, max_tokenize_tokens)
 
     llm = AsyncLLM(load, Metrics("fake"), max_queue=max_queue, **llm_options)
     return llm, session
@@ -141,6 +148,26 @@ class LiveServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+class GuardedServer(LiveServer):
+    """LiveServer with `ingot serve`'s uvicorn settings and server class (timeouts, drain,
+    abort on a second signal: `server.handle_exit` stands for the signals)."""
+
+    def __init__(
+        self, llm: AsyncLLM, keep_alive: float = 5.0, read_timeout: float = 20.0, **options
+    ) -> None:
+        super().__init__(llm)
+        serve = ServeOptions(
+            port=self.port,
+            log_level="warning",
+            keep_alive_timeout=keep_alive,
+            request_read_timeout=read_timeout,
+            **options,
+        )
+        config = uvicorn_config(create_app(llm, MODEL), serve)
+        self.server = IngotServer(config, llm, serve.shutdown_grace)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
 
 
 def artifact_llm(

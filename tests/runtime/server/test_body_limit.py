@@ -31,7 +31,8 @@ class LimitedServer(LiveServer):
 
 @pytest.fixture
 def server(tmp_path):
-    llm, _ = fake_llm(tmp_path)
+    # /tokenize's own limit (max_model_len tokens by default) raised past the body limit's.
+    llm, _ = fake_llm(tmp_path, max_tokenize_tokens=LIMIT)
     with LimitedServer(llm, LIMIT) as server:
         yield server
 

@@ -6,6 +6,7 @@ an artifact without a template."""
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -25,12 +26,13 @@ EXIT_WITHIN_S = 10  # a failed load must end the process this fast (start-up inc
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
 
 
-def serve(artifact: Path, *args: str) -> subprocess.Popen:
+def serve(artifact: Path, *args: str, preexec_fn=None) -> subprocess.Popen:
     return subprocess.Popen(
         [INGOT, "serve", str(artifact), "--port", str(free_port()), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -54,6 +56,34 @@ def test_a_kv_cache_too_small_exits_naming_the_flag(artifact):
         "needs 64 KiB (raise --kv-cache-memory)"
     )
     assert "Traceback" not in err and "kv_cache_bytes" not in err
+    assert elapsed < EXIT_WITHIN_S
+
+
+def test_a_load_failure_prints_its_error_without_uvicorn_lines(artifact):
+    """uvicorn announced itself (started, running on ..., shutting down, finished) around the
+    error line of a server that never served: its lines wait for the model, and go."""
+    process = serve(artifact, "--kv-cache-memory", "32KiB")
+    _, err = exits(process)
+    assert process.returncode == 1
+    assert err.splitlines()[-1].startswith("error: --kv-cache-memory 32KiB holds")
+    for chatter in ("Uvicorn running", "Started server", "startup", "Shutting down", "Finished"):
+        assert chatter not in err, err
+    assert "loading the model failed" not in err  # the error line says it
+
+
+def _limit_address_space() -> None:  # in the child, before exec: `ulimit -v 6000000`
+    resource.setrlimit(resource.RLIMIT_AS, (6 * 10**9, 6 * 10**9))
+
+
+def test_a_kv_cache_beyond_the_memory_limit_exits_naming_the_flag(artifact):
+    process = serve(artifact, "--kv-cache-memory", "100GiB", preexec_fn=_limit_address_space)
+    elapsed, err = exits(process)
+    assert process.returncode == 1, err
+    assert err.splitlines()[-1] == (
+        "error: --kv-cache-memory 100GiB: cannot allocate the KV cache, more memory than this "
+        "process may use (lower --kv-cache-memory)"
+    )
+    assert "Traceback" not in err and "MemoryError" not in err
     assert elapsed < EXIT_WITHIN_S
 
 

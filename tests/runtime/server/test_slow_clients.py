@@ -1,0 +1,182 @@
+"""Connections as `ingot serve` runs them (launch.uvicorn_config: ingot's h11 protocol), with
+raw sockets: an idle connection is closed after the keep-alive timeout, before its first
+request too; a request whose headers or body trickle in gets a 408 and is closed within the
+read timeout, while a slow but steady upload is served; a body framed both by Content-Length
+and Transfer-Encoding is refused; an X-Request-Id too long to echo is replaced."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from ingot.runtime.server.connection import MIN_READ_RATE
+from ingot.runtime.server.middleware import MAX_REQUEST_ID_CHARS
+
+from server_support import GuardedServer, fake_llm
+
+KEEP_ALIVE_S = 0.5
+READ_TIMEOUT_S = 1.0
+SLACK_S = 1.5  # scheduling on a loaded 2-core machine
+
+
+@pytest.fixture
+def server(tmp_path):
+    llm, _ = fake_llm(tmp_path)
+    with GuardedServer(llm, KEEP_ALIVE_S, READ_TIMEOUT_S) as server:
+        yield server
+
+
+def connect(server) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def status_of(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+def json_body(response: bytes) -> dict:
+    return json.loads(response.split(b"\r\n\r\n", 1)[1])
+
+
+def test_an_idle_connection_is_closed_before_its_first_request(server):
+    with connect(server) as sock:
+        started = time.monotonic()
+        assert read_all(sock) == b""
+        elapsed = time.monotonic() - started
+    assert KEEP_ALIVE_S * 0.8 < elapsed < KEEP_ALIVE_S + SLACK_S
+
+
+def test_trickled_headers_get_408_within_the_read_timeout(server):
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: "
+    with connect(server) as sock:
+        started = time.monotonic()
+        sock.sendall(head)
+        sock.settimeout(0.25)
+        response = b""
+        while not response and time.monotonic() - started < 10:
+            try:
+                sock.send(b"a")  # a byte each 0.25 s: far below MIN_READ_RATE
+                response = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        elapsed = time.monotonic() - started
+    sent = len(head) + elapsed * 4
+    assert elapsed < READ_TIMEOUT_S + sent / MIN_READ_RATE + SLACK_S
+    assert status_of(response) == 408
+    assert b"connection: close" in response.lower()
+    assert json_body(response)["error"]["code"] == "request_read_timeout"
+
+
+def test_a_trickled_body_gets_408_and_the_connection_closes(server):
+    body = json.dumps({"prompt": [5] * 200, "max_tokens": 1}).encode()
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
+    with connect(server) as sock:
+        sock.sendall(head + body[:10])
+        started = time.monotonic()
+        sock.settimeout(0.2)
+        response, i = b"", 10
+        while not response and i < len(body):
+            try:
+                sock.send(body[i : i + 1])
+                i += 1
+                response = sock.recv(65536)
+            except TimeoutError:
+                continue
+        sock.settimeout(10)
+        response += read_all(sock)  # then the server closes the connection
+        elapsed = time.monotonic() - started
+    assert i < len(body)  # cut before the body was complete
+    assert status_of(response) == 408
+    assert elapsed < READ_TIMEOUT_S + (len(head) + i) / MIN_READ_RATE + SLACK_S
+
+
+def test_a_slow_but_steady_upload_is_served(server):
+    """~1 KB/s for 3 s, three times the read timeout: above the minimum rate, never cut."""
+    prompt = "a" * 2900
+    body = json.dumps({"prompt": prompt}).encode()
+    head = (
+        b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
+    with connect(server) as sock:
+        started = time.monotonic()
+        sock.sendall(head)
+        for i in range(0, len(body), 100):
+            sock.sendall(body[i : i + 100])
+            time.sleep(0.1)
+        elapsed = time.monotonic() - started
+        sock.settimeout(10)
+        response = sock.recv(65536)
+    assert elapsed > 2 * READ_TIMEOUT_S
+    # /tokenize's own limit answers (this prompt is over the fake model's 64 tokens): the
+    # request was read whole and handled.
+    assert status_of(response) == 400, response
+    assert "tokenizes at most 64 tokens" in json_body(response)["error"]["message"]
+
+
+def test_a_response_taking_longer_than_the_read_timeout_is_not_cut(tmp_path):
+    """The clock stops once the request is in: generating may take as long as it takes."""
+    llm, session = fake_llm(tmp_path)
+    with GuardedServer(llm, KEEP_ALIVE_S, READ_TIMEOUT_S) as server:
+        session.hold()
+        answer: list[httpx.Response] = []
+        body = {"prompt": [65], "max_tokens": 3}
+        url = f"{server.base_url}/v1/completions"
+        client = threading.Thread(target=lambda: answer.append(httpx.post(url, json=body)))
+        client.start()
+        time.sleep(READ_TIMEOUT_S + KEEP_ALIVE_S + 0.5)
+        session.release()
+        client.join(30)
+    assert answer[0].status_code == 200, answer[0].text
+
+
+def test_content_length_with_transfer_encoding_is_refused(server):
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\n{}\r\n0\r\n\r\nPOST /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    with connect(server) as sock:
+        sock.sendall(request)
+        response = read_all(sock)  # one response, then the connection closes
+    assert response.count(b"HTTP/1.1") == 1
+    assert status_of(response) == 400
+    assert json_body(response)["error"]["code"] == "ambiguous_request_framing"
+
+
+@pytest.mark.parametrize(
+    ("sent", "echoed"),
+    [
+        ("r" * MAX_REQUEST_ID_CHARS, True),
+        ("r" * (MAX_REQUEST_ID_CHARS + 1), False),
+        ("x" * 100_000, False),
+        ("caf\u00e9", False),  # latin-1 on the wire: not printable ASCII
+    ],
+)
+def test_an_overlong_request_id_is_replaced(server, sent, echoed):
+    r = httpx.get(f"{server.base_url}/health", headers={"X-Request-Id": sent.encode("latin-1")})
+    assert r.status_code == 200
+    if echoed:
+        assert r.headers["x-request-id"] == sent
+    else:
+        assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"])
