@@ -16,7 +16,12 @@ adds:
 - shutdown: uvicorn closes every connection that is not mid-response at once, so a request
   whose bytes were in flight met a reset (ECONNRESET, no response). Here a connection that is
   reading a request, or that was just accepted and has not sent one yet (for `FRESH_GRACE_S`),
-  stays open and gets its answer (a 503 while the server drains) with `Connection: close`.
+  stays open and gets its answer (a 503 while the server drains) with `Connection: close`;
+- lingering close: an answer given before the request's body was read (a 413) closes the
+  connection while the client may still be uploading. Closing a socket with unread bytes sends
+  a TCP reset, and a client whose write fails on it may never read the answer (the soak
+  benchmark saw 2 in 33 such uploads end unanswered). As Apache and nginx do, the server sends
+  its FIN after the answer and reads and drops what still comes for up to `LINGER_S`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -31,13 +37,20 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ingot.runtime.server.protocol import APIError
 
-__all__ = ["DEFAULT_READ_TIMEOUT_S", "FRESH_GRACE_S", "MIN_READ_RATE", "GuardedH11Protocol"]
+__all__ = [
+    "DEFAULT_READ_TIMEOUT_S",
+    "FRESH_GRACE_S",
+    "LINGER_S",
+    "MIN_READ_RATE",
+    "GuardedH11Protocol",
+]
 
 DEFAULT_READ_TIMEOUT_S = 20.0  # Apache mod_reqtimeout: header=20-40,MinRate=500 body=20,MinRate=500
 MIN_READ_RATE = 500  # bytes a second that earn a request one more second to arrive
 # At shutdown, how long a connection accepted but not yet heard from has to send its request
 # (a client writes its request right after connecting: this covers the bytes in flight).
 FRESH_GRACE_S = 1.0
+LINGER_S = 2.0  # Apache's lingering close: how long a refused upload is read and dropped
 
 # h11 states in which the client is sending a request: a partial head (IDLE with bytes
 # buffered) or the body.
@@ -62,14 +75,19 @@ class GuardedH11Protocol(H11Protocol):
     # -- uvicorn's hooks -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # Every close uvicorn makes (its request cycles hold the transport) goes through it.
+        lingering = _LingeringTransport(transport, self._client_sending_body)
+        super().connection_made(lingering)  # type: ignore[arg-type]
         self._arm_idle(self.timeout_keep_alive)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_read_clock()
+        self.transport.stop_lingering()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self.transport.lingering:
+            return  # the rest of a body the answer refused: dropped
         if self._read_started is None:
             self._read_started = time.monotonic()
             self._read_bytes = 0
@@ -98,6 +116,9 @@ class GuardedH11Protocol(H11Protocol):
             self._arm_idle(FRESH_GRACE_S)  # its request may be in flight
         else:
             super().shutdown()
+
+    def _client_sending_body(self) -> bool:
+        return self.conn.their_state is h11.SEND_BODY
 
     # -- timers ----------------------------------------------------------------------------
 
@@ -153,7 +174,46 @@ class GuardedH11Protocol(H11Protocol):
             self.cycle.message_event.set()
         if not started and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             self.transport.write(_timeout_response(self.conn))
-        self.transport.close()
+        self.transport.close_now()  # a trickle: nothing to linger for
+
+
+class _LingeringTransport:
+    """A connection's transport whose `close()` lingers while the client is still sending a
+    body that will not be read (module docstring); everything else is the transport's."""
+
+    def __init__(self, transport: asyncio.Transport, sending_body: Callable[[], bool]) -> None:
+        self._transport = transport
+        self._sending_body = sending_body
+        self._timer: asyncio.TimerHandle | None = None
+        self.lingering = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        transport = self._transport
+        if self.lingering or transport.is_closing():
+            return
+        if not self._sending_body() or not transport.can_write_eof():
+            transport.close()
+            return
+        self.lingering = True
+        transport.write_eof()  # the answer, then FIN: the client can read all of it
+        transport.resume_reading()  # what still comes is read and dropped
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(LINGER_S, transport.close)
+
+    def close_now(self) -> None:
+        self.stop_lingering()
+        self._transport.close()
+
+    def stop_lingering(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def _timeout_response(conn: h11.Connection) -> bytes:

@@ -6,6 +6,8 @@ and Transfer-Encoding is refused; an X-Request-Id too long to echo is replaced."
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import socket
@@ -180,3 +182,51 @@ def test_an_overlong_request_id_is_replaced(server, sent, echoed):
         assert r.headers["x-request-id"] == sent
     else:
         assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"])
+
+
+def test_a_refused_upload_gets_its_413_while_the_client_still_writes(server):
+    """The 413 for a declared 17 MiB body goes out before the body is read. Closed at once,
+    with the client's bytes still arriving, the socket sends a TCP reset; an asyncio client
+    whose write fails on it closes its transport and never reads the answer (the soak saw 2
+    in 33). The server sends its FIN after the answer and reads and drops the rest instead
+    (a lingering close)."""
+
+    async def upload() -> str:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        head = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(17 << 20).encode() + b"\r\n\r\n"
+        )
+
+        async def send() -> None:
+            writer.write(head)
+            for _ in range(17):
+                await writer.drain()
+                writer.write(b" " * (1 << 20))
+            await writer.drain()
+
+        sender = asyncio.ensure_future(send())
+        try:
+            line = await asyncio.wait_for(reader.readline(), 30)
+            return line.split()[1].decode() if line else "closed"
+        except ConnectionError as e:
+            return type(e).__name__
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await sender
+            writer.close()
+
+    async def uploads() -> list[str]:
+        return [await upload() for _ in range(20)]
+
+    assert asyncio.run(uploads()) == ["413"] * 20
+
+
+def test_a_client_that_uploads_a_refused_body_whole_still_reads_its_413(server):
+    """httpx sends the whole body before it reads the answer: the lingering close must not
+    keep it from the 413 (the server drops the upload, then closes)."""
+    body = b" " * (17 << 20)
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        statuses = [client.post("/v1/completions", content=body).status_code for _ in range(3)]
+    assert statuses == [413] * 3
