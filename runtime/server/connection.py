@@ -200,8 +200,12 @@ class _LingeringTransport:
         if not self._sending_body() or not transport.can_write_eof():
             transport.close()
             return
+        try:
+            transport.write_eof()  # the answer, then FIN: the client can read all of it
+        except OSError:  # the client already reset the connection: nothing to linger for
+            transport.close()
+            return
         self.lingering = True
-        transport.write_eof()  # the answer, then FIN: the client can read all of it
         transport.resume_reading()  # what still comes is read and dropped
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(LINGER_S, transport.close)

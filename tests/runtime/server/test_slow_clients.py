@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from ingot.runtime.server.connection import MIN_READ_RATE
+from ingot.runtime.server.connection import MIN_READ_RATE, _LingeringTransport
 from ingot.runtime.server.middleware import MAX_REQUEST_ID_CHARS
 
 from server_support import GuardedServer, fake_llm
@@ -230,3 +230,29 @@ def test_a_client_that_uploads_a_refused_body_whole_still_reads_its_413(server):
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         statuses = [client.post("/v1/completions", content=body).status_code for _ in range(3)]
     assert statuses == [413] * 3
+
+
+def test_a_client_that_reset_first_is_closed_without_lingering():
+    """A client may reset while its 413 is written: the FIN then fails (ENOTCONN), and the
+    close must not raise into the app (the dense soak traffic logged 88 tracebacks in 150 s
+    before this was handled)."""
+    class ResetTransport:
+        closed = False
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def can_write_eof(self) -> bool:
+            return True
+
+        def write_eof(self) -> None:
+            raise OSError(107, "Transport endpoint is not connected")
+
+        def close(self) -> None:
+            self.closed = True
+
+    transport = ResetTransport()
+    lingering = _LingeringTransport(transport, lambda: True)  # type: ignore[arg-type]
+    lingering.close()
+    assert transport.closed
+    assert not lingering.lingering
