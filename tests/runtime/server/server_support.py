@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import uvicorn
+from hypothesis import HealthCheck, settings
 
 from ingot.runtime.generate import Generator, GeneratorConfig
 from ingot.runtime.kv_pool import KVPool
@@ -182,3 +183,15 @@ def artifact_llm(
         )
 
     return AsyncLLM(load, Metrics(MODEL), max_queue=max_queue, **kw)
+
+
+def fuzz_settings(max_examples: int) -> settings:
+    """Hypothesis settings for tests against a live server: no deadline (a request's time is
+    the server's), no example database (every run draws afresh), no health checks (the
+    fixtures are slow by nature)."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )

@@ -12,10 +12,10 @@ import json
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from server_support import MODEL, LiveServer, fake_llm
+from server_support import MODEL, LiveServer, fake_llm, fuzz_settings
 
 MAX_EXAMPLES = 60
 POST_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
@@ -68,19 +68,10 @@ def _check(client: httpx.Client, route: str, content: bytes) -> None:
     assert client.get("/health").status_code == 200  # still up, still ready
 
 
-def _settings():
-    return settings(
-        max_examples=MAX_EXAMPLES,
-        deadline=None,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-
-
 @pytest.mark.parametrize("route", POST_ROUTES)
 def test_any_json_body(server, route):
     @given(body=ANY_JSON | NEAR_VALID)
-    @_settings()
+    @fuzz_settings(MAX_EXAMPLES)
     def check(body):
         _check(server, route, json.dumps(body).encode())
 
@@ -90,7 +81,7 @@ def test_any_json_body(server, route):
 @pytest.mark.parametrize("route", POST_ROUTES)
 def test_raw_bytes_that_are_not_utf8(server, route):
     @given(body=st.binary(max_size=64))
-    @_settings()
+    @fuzz_settings(MAX_EXAMPLES)
     def check(body):
         _check(server, route, body)
 

@@ -9,12 +9,12 @@ import json
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ingot.runtime.sampling import SamplingParams
 
-from server_support import LiveServer, fake_llm
+from server_support import LiveServer, fake_llm, fuzz_settings
 
 MAX_EXAMPLES = 150
 PROMPT = {"prompt": "abc", "max_tokens": 4}
@@ -78,12 +78,7 @@ def _post(client: httpx.Client, body: dict) -> httpx.Response:
 
 
 @given(fields=SOME_FIELDS)
-@settings(
-    max_examples=MAX_EXAMPLES,
-    deadline=None,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+@fuzz_settings(MAX_EXAMPLES)
 def test_the_server_accepts_what_sampling_params_accepts(client, fields):
     response = _post(client, {**PROMPT, **fields})
     python = _python_accepts(fields)

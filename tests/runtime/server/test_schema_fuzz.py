@@ -7,12 +7,12 @@ import time
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from schemathesis import GenerationMode
 
 from ingot.runtime.server import create_app
 
-from server_support import MODEL, STARTUP_TIMEOUT_S, artifact_llm
+from server_support import MODEL, STARTUP_TIMEOUT_S, artifact_llm, fuzz_settings
 
 MAX_EXAMPLES = 50
 
@@ -69,12 +69,7 @@ def test_no_input_gets_a_500(api_schema, path, method, mode, examples):
     operation = api_schema[path][method]
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(
-        max_examples=examples,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        database=None,
-    )
+    @fuzz_settings(examples)
     def check(case):
         response = case.call()
         assert response.status_code < 500, (case.body, response.text)

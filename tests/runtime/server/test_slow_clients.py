@@ -236,6 +236,7 @@ def test_a_client_that_reset_first_is_closed_without_lingering():
     """A client may reset while its 413 is written: the FIN then fails (ENOTCONN), and the
     close must not raise into the app (the dense soak traffic logged 88 tracebacks in 150 s
     before this was handled)."""
+
     class ResetTransport:
         closed = False
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 from urllib.parse import quote
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from raw_http import RawConnection, RawResponse
-from server_support import MODEL, LiveServer, fake_llm
+from server_support import MODEL, LiveServer, fake_llm, fuzz_settings
 
 MAX_EXAMPLES = 100
 
@@ -117,19 +117,10 @@ def _still_open(connection: RawConnection) -> None:
     assert second.status == 200 and second.json()["id"] == MODEL, second.body
 
 
-def _settings():
-    return settings(
-        max_examples=MAX_EXAMPLES,
-        deadline=None,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-
-
 @pytest.mark.parametrize("route", sorted(ROUTES))
 def test_any_unicode_in_any_string_field(served, route):
     @given(body=ROUTES[route])
-    @_settings()
+    @fuzz_settings(MAX_EXAMPLES)
     def check(body):
         with RawConnection(served.port) as connection:
             _answered(connection.post_json(route, body))
@@ -140,7 +131,7 @@ def test_any_unicode_in_any_string_field(served, route):
 
 def test_any_unicode_in_the_model_id_of_the_path(served):
     @given(name=TEXT)
-    @_settings()
+    @fuzz_settings(MAX_EXAMPLES)
     def check(name):
         path = "/v1/models/" + quote(name, safe="", errors="surrogatepass")
         with RawConnection(served.port) as connection:
