@@ -7,13 +7,10 @@ them when made, and the server builds a SamplingParams from each request and rep
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ingot.common import IngotError
 from ingot.runtime.structured import StructuredOutput
-
-if TYPE_CHECKING:
-    from ingot.runtime.sampling import SamplingParams
 
 __all__ = [
     "GREEDY_BELOW",
@@ -44,8 +41,10 @@ class InvalidSamplingParams(IngotError, ValueError):
         self.reason = reason
 
 
-def validate(p: SamplingParams) -> None:
-    """Raise InvalidSamplingParams for the first value of `p` that vLLM would not accept."""
+def validate(p: Any) -> None:
+    """Raise InvalidSamplingParams for the first value of `p` (a runtime.sampling.
+    SamplingParams, not imported here: that module imports this one) that vLLM would not
+    accept."""
     _int("max_tokens", p.max_tokens, 1, MAX_INT)
     _number("temperature", p.temperature, 0, math.inf)
     if isinstance(p.top_k, bool) or not isinstance(p.top_k, int) or p.top_k not in (-1, 0):
