@@ -23,6 +23,7 @@ BENCHMARKS = {
     "benchmarks.serve.serve": (["serve"], "benchmarks.serve.report", "markdown"),
     "benchmarks.serve.serve_overhead": (["serve_overhead"], None, "_markdown"),
     "benchmarks.serve.serve_stall": (["serve_stall"], None, "_markdown"),
+    "benchmarks.serve.soak": (["soak"], None, "_markdown"),
     "benchmarks.quantize.quantize": (["quantize"], "benchmarks.quantize.report", "markdown"),
     "benchmarks.quantize.gptq_ablation": (
         ["gptq_ablation-pydoc-16m", "gptq_ablation-pydoc-tiny"],
