@@ -40,10 +40,10 @@ _NUMPY = {
 }
 
 
-def compile_config(threads: int, precision: str, kv: str, dyn_quant_group: int) -> dict:
+def compile_config(threads: int, precision: str, kv: str, dyn_quant: int) -> dict:
     """CPU plugin properties: `precision` the activations' (bf16: the plugin's default on
     this CPU; f32), `kv` the caches' element type (f32, f16, u8: the plugin's default),
-    `dyn_quant_group` the int4 FullyConnected's activation quantization group (32: the
+    `dyn_quant` the int4 FullyConnected's activation quantization group (32: the
     default, 0: off)."""
     return {
         "INFERENCE_NUM_THREADS": threads,
@@ -51,7 +51,7 @@ def compile_config(threads: int, precision: str, kv: str, dyn_quant_group: int) 
         "PERFORMANCE_HINT": "LATENCY",
         "INFERENCE_PRECISION_HINT": precision,
         "KV_CACHE_PRECISION": kv,
-        "DYNAMIC_QUANTIZATION_GROUP_SIZE": dyn_quant_group,
+        "DYNAMIC_QUANTIZATION_GROUP_SIZE": dyn_quant,
     }
 
 
