@@ -8,7 +8,7 @@ merges into benchmarks/results/spike_openvino.json, so a long run can be split):
     flock -x /work/cpu.lock .venv/bin/python -m benchmarks.spike.openvino \
         [--models pydoc-16m llama-1b-shape] [--parts check batch1 batched long]
         [--engines ingot openvino-f32 openvino] [--rounds 3] [--threads 2] [--out-dir DIR]
-        [--report-only]
+        [--models-dir DIR] [--eval-text FILE] [--report-only]
 
 Parts: `check` (ov_check_job.py: logits against the exact portable graph and ingot's engine,
 greedy agreement, route A), `batch1` (one 32-token prompt, 128 new tokens), `batched` (32
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     models = report.setdefault("models", {})
     with tempfile.TemporaryDirectory(prefix="spike-openvino-") as tmp:
         for name in args.models:
-            model = prepare_model(name, models_dir(), data_dir() / "pydoc-eval.txt")
+            model = prepare_model(name, args.models_dir, args.eval_text)
             entry = models.setdefault(name, {})
             _log(f"{name}: building the artifact")
             from benchmarks.spike.ov_artifacts import build_artifact
@@ -208,6 +208,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--models-dir", type=Path, default=models_dir(), help="holds pydoc-16m (%(default)s)"
+    )
+    parser.add_argument(
+        "--eval-text",
+        type=Path,
+        default=data_dir() / "pydoc-eval.txt",
+        help="pydoc-16m's batched and long prompts (%(default)s)",
+    )
     add_report_only(parser)
     return parser.parse_args(argv)
 
