@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for part in args.parts:
                 _log(f"{name}: {part}")
-                case_watch = LoadWatch(args.threads)
+                case_watch = LoadWatch(args.threads, timed=part != "check")  # untimed
                 if part == "check":
                     entry["check"] = _check(model, built["artifact"], args, Path(tmp))
                 else:

@@ -77,7 +77,7 @@ def markdown(report: dict[str, Any]) -> str:
         if entry.get("check"):
             lines += _check_section(name, entry["check"])
     for part, title in _CASE_TITLES.items():
-        rows = [(n, e["cases"][part]) for n, e in report.get("models", {}).items()]
+        rows = [(n, e.get("cases", {}).get(part)) for n, e in report.get("models", {}).items()]
         rows = [(n, c) for n, c in rows if c]
         if rows:
             lines += _case_section(title, rows)

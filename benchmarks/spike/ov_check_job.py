@@ -38,7 +38,7 @@ def run_check(spec: dict[str, Any]) -> dict[str, Any]:
     exact_ref = _ort(artifact, manifest, "model.onnx", plain, tokens)
     engine_ref = _ort(artifact, manifest, engine.path, dict(engine.session_options), tokens)
     prompt, n = spec["greedy_prompt"], spec["greedy_tokens"]
-    ingot_greedy = _ingot_greedy(artifact, prompt, n)
+    ingot_greedy = _ingot_greedy(artifact, manifest, prompt, n)
     out: dict[str, Any] = {
         "tokens_compared": sum(lengths()),
         "ingot_engine_vs_exact": compare(exact_ref, engine_ref),
@@ -90,10 +90,13 @@ def _openvino(artifact: Path, cfg: dict, threads: int, tokens: list[list[int]]) 
     return drive(runner, pool, tokens), info
 
 
-def _ingot_greedy(artifact: Path, prompt: list[int], n: int) -> list[int]:
+def _ingot_greedy(artifact: Path, manifest: Any, prompt: list[int], n: int) -> list[int]:
     from ingot.runtime import LoadedModel, SamplingParams
 
-    model = LoadedModel.load(artifact, enable_prefix_caching=False, max_num_seqs=1)
+    blocks = -(-manifest.model.max_seq_len // manifest.graph.kv_block_size) + 1  # one sequence
+    model = LoadedModel.load(
+        artifact, kv_cache_blocks=blocks, enable_prefix_caching=False, max_num_seqs=1
+    )
     generator = model.generator()
     request = generator.add(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
     while generator.has_unfinished():
