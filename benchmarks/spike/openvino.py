@@ -93,7 +93,14 @@ def main(argv: list[str] | None = None) -> int:
                 entry.setdefault("loads", {})[part] = case_watch.record()
                 entry.setdefault("refused", {})[part] = case_watch.refusal()
                 watch.samples += case_watch.samples
-    report["load"] = watch.record()
+    # Every part's samples, this run's and the kept ones': the report's load line covers it all.
+    samples = [
+        v
+        for e in models.values()
+        for r in e.get("loads", {}).values()
+        for v in r["load_1min_samples"]
+    ]
+    report["load"] = watch.record() | {"load_1min_samples": samples}
     refused = [
         f"{m}/{p}: {why}"
         for m, e in models.items()

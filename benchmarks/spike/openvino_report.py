@@ -81,7 +81,22 @@ def markdown(report: dict[str, Any]) -> str:
         rows = [(n, c) for n, c in rows if c]
         if rows:
             lines += _case_section(title, rows)
-    lines += [load_line(report["load"], report.get("refused")), ""]
+    lines += [
+        "Notes:",
+        "",
+        "- Each part (check, batch1, batched, long) of each model is its own invocation; the "
+        "date above is the last one's, the host load line covers every part's samples.",
+        "- Greedy = ingot: leading tokens equal to ingot's engine, the mean over sequences. "
+        "The 1B shape has random weights: its argmax is near a tie everywhere, so any two "
+        "engines part within a few tokens there; pydoc-16m's is the meaningful one.",
+        "- Peak RSS of the OpenVINO rows includes building the model in the worker (the portable "
+        "graph read by the ONNX frontend, the codes repacked to [N, K/g, g] in numpy): an "
+        "engine built ahead of time would load its IR instead (the JSON's `info.compile_s` is "
+        "the compile alone; `load_s` the whole load).",
+        "",
+        load_line(report["load"], report.get("refused")),
+        "",
+    ]
     return "\n".join(lines)
 
 
