@@ -8,7 +8,8 @@
 # first, alone, so the rest resolves against it; set TORCH_INDEX_URL (for example
 # https://download.pytorch.org/whl/cpu) to take it from the CPU-only index. A line
 # `#setup.sh: uninstall PKG...` in the file removes those packages after the install (a peer's
-# dependencies whose wheels do not match the pinned torch: vllm).
+# dependencies whose wheels do not match the pinned torch: vllm). A line
+# `#setup.sh: install-repository` installs this repository (ingot's runtime, editable) too.
 # The benchmarks find these virtualenvs by default (benchmarks/harness/paths.py: peer_python)
 # and run their workers there with the repository on PYTHONPATH (benchmarks/harness/launch.py);
 # --<peer>-python options point elsewhere.
@@ -39,6 +40,9 @@ for peer in "$@"; do
         "$venv/bin/python" -m pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$torch_pin"
     fi
     "$venv/bin/python" -m pip install -r "$requirements"
+    if grep -q '^#setup\.sh: install-repository$' "$requirements"; then
+        "$venv/bin/python" -m pip install -e "$(dirname "$(dirname "$peers_dir")")"
+    fi
     uninstall="$(sed -n 's/^#setup\.sh: uninstall //p' "$requirements")"
     if [ -n "$uninstall" ]; then
         # shellcheck disable=SC2086 # one package per word

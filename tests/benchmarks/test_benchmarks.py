@@ -43,6 +43,11 @@ BENCHMARKS = {
     ),
     "benchmarks.interop.vllm_eagle": (["interop_vllm_eagle"], None, "_markdown"),
     "benchmarks.interop.vllm_w8a8": (["interop_vllm_w8a8"], None, "_markdown"),
+    "benchmarks.spike.openvino": (
+        ["spike_openvino"],
+        "benchmarks.spike.openvino_report",
+        "markdown",
+    ),
 }
 # Reports whose JSON was written with sorted keys, which reorders their tables (engines,
 # library versions, rounds' systems) when rendered again from it: their markdown is the

@@ -1,0 +1,137 @@
+"""One job of the OpenVINO spike in a fresh process (harness.launch):
+
+    python -m benchmarks.spike.openvino_worker SPEC.json RESULT.json
+
+Kinds: `decode` (benchmarks/decode/engines.py's timed greedy decoding, with this module's two
+engines registered there) and `check` (ov_check.py's comparisons; OpenVINO's virtualenv).
+
+Engines, both ingot's Generator (its scheduler, block allocator and batches; prefix caching
+off, every prompt of the batch prefilled in one step) over one artifact:
+
+- `ingot`: the artifact's ONNX Runtime engine (LoadedModel.load), in ingot's virtualenv;
+- `openvino`: ov_runner.OpenVinoRunner, the same weights on OpenVINO's CPU plugin, with the
+  load spec's `precision` / `kv` / `dyn_quant` (ov_runner.compile_config), in OpenVINO's.
+
+Each pool holds `batch` sequences of `ctx_per_seq` tokens, and at least one of max_seq_len
+(what LoadedModel.load insists on), in the engine's own block size.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from benchmarks.decode import engines
+from benchmarks.harness.launch import worker_main
+
+__all__ = ["run_spec"]
+
+
+def _blocks(batch: int, ctx_per_seq: int, max_seq_len: int, block_size: int) -> int:
+    per_seq = -(-ctx_per_seq // block_size)
+    return max(batch * per_seq, -(-max_seq_len // block_size)) + 1
+
+
+def _trace_runner(generator: Any) -> engines.Runner:
+    """engines.py's Trace protocol over a Generator: all prompts added at once, greedy."""
+    from ingot.runtime import SamplingParams
+
+    def run(prompts: list[list[int]], n: int) -> engines.Trace:
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        start = time.perf_counter()
+        ids = [generator.add(p, params) for p in prompts]
+        times: dict[int, list[float]] = {i: [] for i in ids}
+        while generator.has_unfinished():
+            outputs = generator.step()
+            now = time.perf_counter()
+            for out in outputs:
+                times[out.request_id].append(now)
+        return start, [(list(generator.pop_completion(i).token_ids), times[i]) for i in ids]
+
+    return run
+
+
+def load_ingot(artifact: str, batch: int, batched_tokens: int, ctx_per_seq: int, **_: Any):
+    from ingot.artifacts import verify_artifact
+    from ingot.runtime import LoadedModel
+
+    manifest = verify_artifact(artifact)
+    blocks = _blocks(batch, ctx_per_seq, manifest.model.max_seq_len, manifest.graph.kv_block_size)
+    model = LoadedModel.load(
+        artifact,
+        kv_cache_blocks=blocks,
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(2048, batched_tokens),
+        enable_prefix_caching=False,
+    )
+    run = _trace_runner(model.generator())
+    run.info = {"kv_blocks": blocks, "kv_bytes": model.pool.nbytes}  # type: ignore[attr-defined]
+    return run
+
+
+def open_ov_generator(
+    artifact: str,
+    batch: int,
+    batched_tokens: int,
+    ctx_per_seq: int,
+    threads: int,
+    precision: str,
+    kv: str,
+    dyn_quant: int,
+) -> tuple[Any, dict[str, Any]]:
+    """ingot's Generator over the OpenVINO runner, and what open_openvino reports."""
+    from benchmarks.spike.ov_paged_attention import CPU_BLOCK_SIZE
+    from benchmarks.spike.ov_runner import compile_config, open_openvino
+    from ingot.artifacts import verify_artifact
+    from ingot.runtime.generate import Generator, GeneratorConfig
+    from ingot.runtime.tokenizer import TextTokenizer
+
+    manifest = verify_artifact(artifact)
+    model = manifest.model
+    blocks = _blocks(batch, ctx_per_seq, model.max_seq_len, CPU_BLOCK_SIZE)
+    config = compile_config(threads, precision, kv, dyn_quant)
+    runner, pool, info = open_openvino(artifact, blocks, config)
+    generator = Generator(
+        runner,
+        pool,
+        TextTokenizer.from_artifact(artifact, manifest.tokenizer, None),
+        GeneratorConfig(
+            max_seq_len=model.max_seq_len,
+            eos_token_ids=tuple(model.eos_token_ids),
+            max_num_seqs=batch,
+            max_num_batched_tokens=max(2048, batched_tokens),
+            enable_prefix_caching=False,
+            vocab_size=model.vocab_size,
+        ),
+    )
+    return generator, info | {"kv_blocks": blocks}
+
+
+def load_openvino(**load: Any) -> engines.Runner:
+    import openvino
+
+    load = {k: v for k, v in load.items() if k != "artifact_engine"}
+    generator, info = open_ov_generator(**load)
+    run = _trace_runner(generator)
+    run.info = info | {"openvino": openvino.__version__}  # type: ignore[attr-defined]
+    return run
+
+
+engines.ENGINES["ingot"] = load_ingot  # sized pools (engines.py's own sizes them by budget)
+engines.ENGINES["openvino"] = load_openvino
+
+
+def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec["kind"] == "check":
+        from benchmarks.harness.machine import memory_status
+        from benchmarks.spike.ov_check_job import run_check
+
+        try:
+            return run_check(spec) | {"ok": True} | memory_status()
+        except Exception as e:  # recorded in the report, never dropped
+            return {"ok": False, "error": f"{type(e).__name__}: {e}"} | memory_status()
+    return engines.run_spec(spec)
+
+
+if __name__ == "__main__":
+    worker_main(run_spec)
