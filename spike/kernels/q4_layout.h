@@ -1,0 +1,39 @@
+// The packed int4 g32 weight layout and the int8 activation layout that q4_gemm reads.
+//
+// Weights, per output row, per super-block of 16 groups (512 weights along K): 256 bytes of
+// codes, then the 16 groups' fp16 scales (32 bytes): 288 bytes, 0.5625 bytes a weight (Q4_0's).
+// A weight is (code - 8) * scale, codes 0..15 (MatMulNBits' symmetric int4 with its default
+// zero point 8). The codes are interleaved for VNNI: vpdpbusd multiplies 4 consecutive bytes
+// of a 32-bit lane and adds them into that lane, so lane i of every 64-byte vector holds 4
+// weights of group i. Chunk c (0..3, 64 bytes) byte 4i+j: low nibble weight 4c+j of group i
+// ("step" c), high nibble weight 16+4c+j (step c+4). One load, one AND and one shift+AND give
+// two steps; eight vpdpbusd into one accumulator finish 16 groups, each lane one group's dot
+// product, so the per-group scales apply as one 16-lane multiply (no horizontal sums, no
+// scale broadcasts) and the fp16 scales load as one 256-bit vector.
+//
+// Activations, per row, quantized per group of 32 to int8 (llama.cpp's Q8_0 idea), in the
+// same interleave: per super-block 8 step vectors of 64 bytes (step s, lane i = bytes 4s..4s+3
+// of group i); per group a float scale and -8 * the sum of its codes (the zero point's share
+// of the dot product, the accumulator's starting value).
+#pragma once
+
+#include <cstdint>
+
+namespace ks {
+
+constexpr int64_t kGroup = 32;
+constexpr int64_t kSuper = 512;  // weights of one super-block along K
+constexpr int64_t kSuperCodes = 256;
+constexpr int64_t kSuperBytes = kSuperCodes + 16 * 2;  // codes + fp16 scales
+
+inline int64_t packed_row_bytes(int64_t k) { return k / kSuper * kSuperBytes; }
+
+// An activation matrix quantized for q4_gemm: m rows of k.
+struct QuantizedActs {
+    const int8_t* codes;   // [m, k] interleaved as above
+    const float* scales;   // [m, k / 32]
+    const int32_t* corr;   // [m, k / 32]
+    int64_t m, k;
+};
+
+}  // namespace ks
