@@ -11,6 +11,6 @@ ISA="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c -mavx2
 # __m512's alignment attribute trips ignored-attributes in a template argument: both noise.
 QUIET="-Wno-uninitialized -Wno-maybe-uninitialized -Wno-ignored-attributes"
 # shellcheck disable=SC2086
-$CXX -std=c++17 -O3 $ISA -fopenmp -fPIC -shared -fvisibility=hidden -Wall -Wextra $QUIET \
+$CXX -std=c++17 -O3 $ISA -pthread -fPIC -shared -fvisibility=hidden -Wall -Wextra $QUIET \
     -o build/libks.so.tmp ./*.cpp "$@"
 mv build/libks.so.tmp build/libks.so

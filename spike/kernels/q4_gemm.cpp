@@ -1,14 +1,13 @@
 // y [m, n] = x [m, k] @ W.T for W int4 g32 in q4_layout.h's packed form, x quantized per group
 // of 32 to int8 on the fly; int8 products summed with AVX-512 VNNI (vpdpbusd), scaled per
-// group in fp32. Rows of W are split across `threads` OpenMP threads.
+// group in fp32. Rows of W are split across `threads` threads (ks_pool.h), in whole tiles.
 //
 // m == 1 (decode at batch 1, bandwidth-bound): gemv_rows streams NR rows at once and unpacks
 // nibbles straight into vpdpbusd. m > 1 (compute-bound as m grows): each thread unpacks NR
 // rows' super-block once into an L1 buffer and runs every MR-row tile of x against it, so the
 // unpack is paid once per m rows, not per tile.
-#include <omp.h>
-
 #include "ks_common.h"
+#include "ks_pool.h"
 #include "q4_layout.h"
 
 using namespace ks;
@@ -20,12 +19,13 @@ namespace {
 
 const __m512i kLowNibbles = _mm512_set1_epi8(0x0F);
 
+// Rows of one tile (NR == kTileRows): their super-blocks are consecutive, kSuperBytes apart.
 template <int NR>
-void gemv_rows(const uint8_t* w, int64_t row_bytes, const QuantizedActs& a, float* y) {
+void gemv_rows(const uint8_t* w, const QuantizedActs& a, float* y) {
     __m512 facc[NR];
     for (int r = 0; r < NR; ++r) facc[r] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < a.k / kSuper; ++sb) {
-        const uint8_t* base = w + sb * kSuperBytes;
+        const uint8_t* base = w + sb * NR * kSuperBytes;
         const int8_t* x = a.codes + sb * kSuper;
         // two accumulators a row (low and high nibble steps): 2*NR independent vpdpbusd chains
         __m512i lo_acc[NR], hi_acc[NR];
@@ -35,7 +35,7 @@ void gemv_rows(const uint8_t* w, int64_t row_bytes, const QuantizedActs& a, floa
             const __m512i xlo = _mm512_load_si512(x + c * 64);
             const __m512i xhi = _mm512_load_si512(x + (c + 4) * 64);
             for (int r = 0; r < NR; ++r) {
-                const __m512i v = _mm512_loadu_si512(base + r * row_bytes + c * 64);
+                const __m512i v = _mm512_loadu_si512(base + r * kSuperBytes + c * 64);
                 const __m512i lo = _mm512_and_si512(v, kLowNibbles);
                 const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), kLowNibbles);
                 lo_acc[r] = _mm512_dpbusd_epi32(lo_acc[r], lo, xlo);
@@ -45,7 +45,7 @@ void gemv_rows(const uint8_t* w, int64_t row_bytes, const QuantizedActs& a, floa
         const __m512 xs = _mm512_loadu_ps(a.scales + sb * 16);
         for (int r = 0; r < NR; ++r) {
             const __m256i ws16 = _mm256_loadu_si256(
-                reinterpret_cast<const __m256i*>(base + r * row_bytes + kSuperCodes));
+                reinterpret_cast<const __m256i*>(base + r * kSuperBytes + kSuperCodes));
             const __m512 scale = _mm512_mul_ps(_mm512_cvtph_ps(ws16), xs);
             const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(lo_acc[r], hi_acc[r]));
             facc[r] = _mm512_fmadd_ps(dot, scale, facc[r]);
@@ -60,9 +60,9 @@ struct Unpacked {
     alignas(64) uint8_t codes[NR][8][64];
     alignas(64) float scales[NR][16];
 
-    void load(const uint8_t* w, int64_t row_bytes, int64_t sb) {
+    void load(const uint8_t* w, int64_t sb) {  // w: the tile's first byte
         for (int r = 0; r < NR; ++r) {
-            const uint8_t* base = w + r * row_bytes + sb * kSuperBytes;
+            const uint8_t* base = w + (sb * NR + r) * kSuperBytes;
             for (int c = 0; c < 4; ++c) {
                 const __m512i v = _mm512_loadu_si512(base + c * 64);
                 _mm512_store_si512(codes[r][c], _mm512_and_si512(v, kLowNibbles));
@@ -105,12 +105,12 @@ void gemm_tile(const Unpacked<NR>& w, const QuantizedActs& a, int64_t m0, int64_
 }
 
 template <int NR>
-void gemm_rows(const uint8_t* w, int64_t row_bytes, const QuantizedActs& a, float* y,
+void gemm_rows(const uint8_t* w, const QuantizedActs& a, float* y,
                int64_t ldy, __m512* acc, Unpacked<NR>& buf) {
     constexpr int MR = 4;
     for (int64_t i = 0; i < a.m * NR; ++i) acc[i] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < a.k / kSuper; ++sb) {
-        buf.load(w, row_bytes, sb);
+        buf.load(w, sb);
         int64_t m0 = 0;
         for (; m0 + MR <= a.m; m0 += MR) gemm_tile<NR, MR>(buf, a, m0, sb, acc);
         for (; m0 + 2 <= a.m; m0 += 2) gemm_tile<NR, 2>(buf, a, m0, sb, acc);
@@ -126,22 +126,21 @@ void gemm_rows(const uint8_t* w, int64_t row_bytes, const QuantizedActs& a, floa
 KS_API void ks_q4_gemm_quantized(const int8_t* codes, const float* scales, const int32_t* corr,
                                  int64_t m, int64_t k, const uint8_t* w, int64_t n, float* y,
                                  int threads) {
-    constexpr int NR = 4;
+    constexpr int NR = kTileRows;
     const QuantizedActs a{codes, scales, corr, m, k};
     const int64_t row_bytes = packed_row_bytes(k);
     if (m == 1) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t n0 = 0; n0 < n; n0 += NR) gemv_rows<NR>(w + n0 * row_bytes, row_bytes, a, y + n0);
+        parallel_for(threads, n, NR, [&](int64_t lo, int64_t hi) {
+            for (int64_t n0 = lo; n0 < hi; n0 += NR) gemv_rows<NR>(w + n0 * row_bytes, a, y + n0);
+        });
         return;
     }
-#pragma omp parallel num_threads(threads)
-    {
+    parallel_for(threads, n, NR, [&](int64_t lo, int64_t hi) {
         Scratch<__m512> acc = scratch<__m512>(m * NR);
         Unpacked<NR> buf;
-#pragma omp for schedule(static)
-        for (int64_t n0 = 0; n0 < n; n0 += NR)
-            gemm_rows<NR>(w + n0 * row_bytes, row_bytes, a, y + n0, n, acc.get(), buf);
-    }
+        for (int64_t n0 = lo; n0 < hi; n0 += NR)
+            gemm_rows<NR>(w + n0 * row_bytes, a, y + n0, n, acc.get(), buf);
+    });
 }
 
 // y [m, n] = x [m, k] @ W.T: quantize x (one thread; cheap next to the matmul), then the above.

@@ -2,6 +2,9 @@
 //
 // Weights, per output row, per super-block of 16 groups (512 weights along K): 256 bytes of
 // codes, then the 16 groups' fp16 scales (32 bytes): 288 bytes, 0.5625 bytes a weight (Q4_0's).
+// Rows come in tiles of 4 (kTileRows), their super-blocks interleaved: tile, super-block, row.
+// A kernel reads 4 rows at once, so its reads are one sequential stream (rows one after another
+// were 4 short streams a tile: at K = 2048, 1152 bytes each, the GEMV ran at half speed).
 // A weight is (code - 8) * scale, codes 0..15 (MatMulNBits' symmetric int4 with its default
 // zero point 8). The codes are interleaved for VNNI: vpdpbusd multiplies 4 consecutive bytes
 // of a 32-bit lane and adds them into that lane, so lane i of every 64-byte vector holds 4
@@ -26,7 +29,15 @@ constexpr int64_t kSuper = 512;  // weights of one super-block along K
 constexpr int64_t kSuperCodes = 256;
 constexpr int64_t kSuperBytes = kSuperCodes + 16 * 2;  // codes + fp16 scales
 
+constexpr int64_t kTileRows = 4;
+
 inline int64_t packed_row_bytes(int64_t k) { return k / kSuper * kSuperBytes; }
+
+// Byte offset of row `row`'s super-block `sb` in a packed weight of k columns.
+inline int64_t packed_offset(int64_t row, int64_t sb, int64_t k) {
+    const int64_t tile = row / kTileRows, r = row % kTileRows;
+    return tile * kTileRows * packed_row_bytes(k) + (sb * kTileRows + r) * kSuperBytes;
+}
 
 // An activation matrix quantized for q4_gemm: m rows of k.
 struct QuantizedActs {

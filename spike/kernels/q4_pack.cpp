@@ -9,18 +9,18 @@
 using namespace ks;
 
 // codes: [n, k/32, 16] uint8, MatMulNBits' B (weight 2t in the low nibble of byte t);
-// scales: [n, k/32] fp16 bits; out: [n, packed_row_bytes(k)].
+// scales: [n, k/32] fp16 bits; out: [n, packed_row_bytes(k)] bytes (n % kTileRows == 0).
 KS_API void ks_q4_pack(const uint8_t* codes, const uint16_t* scales, int64_t n, int64_t k,
                        uint8_t* out) {
     const int64_t groups = k / kGroup;
     for (int64_t row = 0; row < n; ++row) {
         const uint8_t* rc = codes + row * groups * 16;
-        uint8_t* dst = out + row * packed_row_bytes(k);
         auto weight = [&](int64_t g, int64_t t) {
             uint8_t byte = rc[g * 16 + t / 2];
             return (t & 1) ? byte >> 4 : byte & 15;
         };
-        for (int64_t sb = 0; sb < k / kSuper; ++sb, dst += kSuperBytes) {
+        for (int64_t sb = 0; sb < k / kSuper; ++sb) {
+            uint8_t* dst = out + packed_offset(row, sb, k);
             for (int c = 0; c < 4; ++c)
                 for (int i = 0; i < 16; ++i)
                     for (int j = 0; j < 4; ++j) {
