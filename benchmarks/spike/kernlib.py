@@ -24,7 +24,7 @@ GROUP, SUPER, SUPER_BYTES = 32, 512, 288  # q4_layout.h
 _p, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
     "ks_q4_pack": (None, [_p, _p, _i64, _i64, _p]),
-    "ks_q8_quantize": (None, [_p, _i64, _i64, _p, _p, _p]),
+    "ks_q8_quantize": (None, [_p, _i64, _i64, _i64, _p, _p, _p]),
     "ks_q4_gemm": (None, [_p, _i64, _i64, _p, _i64, _p, _int]),
     "ks_vnni_peak": (ctypes.c_double, [_i64, _int]),
 }

@@ -17,7 +17,9 @@
 // Activations, per row, quantized per group of 32 to int8 (llama.cpp's Q8_0 idea), in the
 // same interleave: per super-block 8 step vectors of 64 bytes (step s, lane i = bytes 4s..4s+3
 // of group i); per group a float scale and -8 * the sum of its codes (the zero point's share
-// of the dot product, the accumulator's starting value).
+// of the dot product, the accumulator's starting value). Rows come in tiles of `tile` rows (1
+// for the GEMV, 4 for the GEMM: rows padded with zeros to a whole tile), interleaved per step:
+// a GEMM tile's 4 rows x 8 steps of a super-block are one 2 KiB run, read in order.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +31,8 @@ constexpr int64_t kSuper = 512;  // weights of one super-block along K
 constexpr int64_t kSuperCodes = 256;
 constexpr int64_t kSuperBytes = kSuperCodes + 16 * 2;  // codes + fp16 scales
 
-constexpr int64_t kTileRows = 4;
+constexpr int64_t kTileRows = 4;  // weight rows a tile
+constexpr int kActTile = 4;  // activation rows a tile in the GEMM
 
 inline int64_t packed_row_bytes(int64_t k) { return k / kSuper * kSuperBytes; }
 
@@ -39,12 +42,21 @@ inline int64_t packed_offset(int64_t row, int64_t sb, int64_t k) {
     return tile * kTileRows * packed_row_bytes(k) + (sb * kTileRows + r) * kSuperBytes;
 }
 
-// An activation matrix quantized for q4_gemm: m rows of k.
+// Where row `row`'s super-block `sb` starts among activation codes (add s * tile * 64 for step
+// s) and among its scales and corrections (16 each), for rows in tiles of `tile`.
+inline int64_t act_code_offset(int64_t row, int64_t sb, int64_t k, int64_t tile) {
+    return ((row / tile * (k / kSuper) + sb) * 8 * tile + row % tile) * 64;
+}
+inline int64_t act_scale_offset(int64_t row, int64_t sb, int64_t k, int64_t tile) {
+    return ((row / tile * (k / kSuper) + sb) * tile + row % tile) * 16;
+}
+
+// An activation matrix quantized for q4_gemm: m rows of k (m a multiple of tile), tiled.
 struct QuantizedActs {
     const int8_t* codes;   // [m, k] interleaved as above
     const float* scales;   // [m, k / 32]
     const int32_t* corr;   // [m, k / 32]
-    int64_t m, k;
+    int64_t m, k, tile;
 };
 
 }  // namespace ks

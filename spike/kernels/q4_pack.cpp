@@ -33,15 +33,17 @@ KS_API void ks_q4_pack(const uint8_t* codes, const uint16_t* scales, int64_t n, 
     }
 }
 
-// One row x [k] -> codes [k] (interleaved), scales and corrections [k/32].
-static void quantize_row(const float* x, int64_t k, int8_t* codes, float* scales,
-                         int32_t* corr) {
+// Row `row` of x [k] -> its codes, scales and corrections in the tiled layout.
+static void quantize_row(const float* x, int64_t row, int64_t k, int64_t tile, int8_t* codes,
+                         float* scales, int32_t* corr) {
     alignas(64) int8_t group[32];
     for (int64_t sb = 0; sb < k / kSuper; ++sb) {
-        int32_t* step_dwords = reinterpret_cast<int32_t*>(codes + sb * kSuper);
+        int8_t* sb_codes = codes + act_code_offset(row, sb, k, tile);
+        float* sb_scales = scales + act_scale_offset(row, sb, k, tile);
+        int32_t* sb_corr = corr + act_scale_offset(row, sb, k, tile);
         for (int i = 0; i < 16; ++i) {
-            const int64_t g = sb * 16 + i;
-            __m512 a = _mm512_loadu_ps(x + g * 32), b = _mm512_loadu_ps(x + g * 32 + 16);
+            const float* xg = x + (sb * 16 + i) * 32;
+            __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
             float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
             float inv = amax > 0 ? 127.0f / amax : 0.0f;
             __m512 vinv = _mm512_set1_ps(inv);
@@ -50,18 +52,26 @@ static void quantize_row(const float* x, int64_t k, int8_t* codes, float* scales
             __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, vinv));
             _mm_store_si128(reinterpret_cast<__m128i*>(group), _mm512_cvtsepi32_epi8(qa));
             _mm_store_si128(reinterpret_cast<__m128i*>(group + 16), _mm512_cvtsepi32_epi8(qb));
-            scales[g] = amax / 127.0f;
-            corr[g] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
-            const int32_t* dw = reinterpret_cast<const int32_t*>(group);
-            for (int s = 0; s < 8; ++s) step_dwords[s * 16 + i] = dw[s];
+            sb_scales[i] = amax / 127.0f;
+            sb_corr[i] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+            // step s, lane i: bytes 4s..4s+3 of group i
+            for (int s = 0; s < 8; ++s)
+                std::memcpy(sb_codes + s * tile * 64 + 4 * i, group + 4 * s, 4);
         }
     }
 }
 
-// x: [m, k] float -> codes [m, k], scales [m, k/32], corr [m, k/32].
-KS_API void ks_q8_quantize(const float* x, int64_t m, int64_t k, int8_t* codes, float* scales,
-                           int32_t* corr) {
-    for (int64_t r = 0; r < m; ++r)
-        quantize_row(x + r * k, k, codes + r * k, scales + r * (k / kGroup),
-                     corr + r * (k / kGroup));
+// x: [m, k] float -> codes [mp, k], scales and corrections [mp, k/32], rows in tiles of `tile`,
+// mp = m rounded up to a whole tile; the padding rows are zeros (they add nothing).
+KS_API void ks_q8_quantize(const float* x, int64_t m, int64_t k, int64_t tile, int8_t* codes,
+                           float* scales, int32_t* corr) {
+    for (int64_t r = 0; r < m; ++r) quantize_row(x + r * k, r, k, tile, codes, scales, corr);
+    const int64_t mp = (m + tile - 1) / tile * tile;
+    for (int64_t r = m; r < mp; ++r)
+        for (int64_t sb = 0; sb < k / kSuper; ++sb) {
+            for (int s = 0; s < 8; ++s)
+                std::memset(codes + act_code_offset(r, sb, k, tile) + s * tile * 64, 0, 64);
+            std::memset(scales + act_scale_offset(r, sb, k, tile), 0, 16 * sizeof(float));
+            std::memset(corr + act_scale_offset(r, sb, k, tile), 0, 16 * sizeof(int32_t));
+        }
 }
