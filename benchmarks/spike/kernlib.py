@@ -27,6 +27,11 @@ _SIGNATURES = {
     "ks_q8_quantize": (None, [_p, _i64, _i64, _i64, _p, _p, _p]),
     "ks_q4_gemm": (None, [_p, _i64, _i64, _p, _i64, _p, _int]),
     "ks_vnni_peak": (ctypes.c_double, [_i64, _int]),
+    "ks_paged_attention": (
+        _int,
+        [_p, _p, _p, _p, _p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _int]
+        + [_p, _int],
+    ),
 }
 
 
@@ -84,6 +89,52 @@ class Kernels:
             raise ValueError(f"x must be C-contiguous float32 [m, {w.k}]")
         y = np.empty((m, w.n), np.float32) if out is None else out
         self.lib.ks_q4_gemm(_ptr(x), m, w.k, _ptr(w.packed), w.n, _ptr(y), threads)
+        return y
+
+    def paged_attention(
+        self,
+        q: np.ndarray,
+        k_new: np.ndarray,
+        v_new: np.ndarray,
+        k_pool: np.ndarray,
+        v_pool: np.ndarray,
+        tables: np.ndarray,
+        context_lens: np.ndarray,
+        num_heads: int,
+        threads: int,
+        kv_scales: tuple[np.ndarray, np.ndarray] | None = None,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """One new token per sequence: q [S, Hq*D], k_new / v_new [S, Hkv*D] (K rotated) are
+        written into the pools [blocks, B, Hkv, D] (fp32, or int8 with `kv_scales` (k, v)
+        [Hkv]) at position context_lens[s] through `tables` [S, MB] int64, then attended over
+        positions 0..context_lens[s] in place. Returns [S, Hq*D]."""
+        seqs, mb = tables.shape
+        _, block, hkv, d = k_pool.shape
+        int8 = k_pool.dtype == np.int8
+        if int8 != (kv_scales is not None) or k_pool.dtype not in (np.float32, np.int8):
+            raise ValueError("fp32 pools without scales, or int8 pools with kv_scales")
+        scales = kv_scales or (np.ones(hkv, np.float32), np.ones(hkv, np.float32))
+        args = [q, k_new, v_new, k_pool, v_pool, tables, context_lens, *scales]
+        for a in args:
+            if not a.flags.c_contiguous:
+                raise ValueError("every array must be C-contiguous")
+        y = np.empty((seqs, num_heads * d), np.float32) if out is None else out
+        status = self.lib.ks_paged_attention(
+            *map(_ptr, args),
+            seqs,
+            mb,
+            num_heads,
+            hkv,
+            d,
+            block,
+            d**-0.5,
+            int(int8),
+            _ptr(y),
+            threads,
+        )
+        if status != 0:
+            raise ValueError(f"shape not supported: heads {num_heads}/{hkv}, head dim {d}")
         return y
 
     def vnni_peak(self, threads: int, iters: int = 20_000_000) -> float:
