@@ -43,6 +43,7 @@ BENCHMARKS = {
     ),
     "benchmarks.interop.vllm_eagle": (["interop_vllm_eagle"], None, "_markdown"),
     "benchmarks.interop.vllm_w8a8": (["interop_vllm_w8a8"], None, "_markdown"),
+    "benchmarks.spike.kernels": (["spike_kernels"], "benchmarks.spike.kernels_report", "markdown"),
 }
 # Reports whose JSON was written with sorted keys, which reorders their tables (engines,
 # library versions, rounds' systems) when rendered again from it: their markdown is the
