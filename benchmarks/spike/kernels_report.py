@@ -51,6 +51,7 @@ def _linears(title: str, lin: dict[str, Any]) -> list[str]:
         f"MB (fp32 scales), ours {lin['our_weight_bytes'] / 1e6:.0f} MB (fp16 scales). Bound: "
         f"a 1 GiB torch sum in the same rounds, median {lin['bandwidth_bytes_per_s'] / 1e9:.1f} "
         f"GB/s ({min(lin['bandwidth_rounds'])}–{max(lin['bandwidth_rounds'])}). "
+        "Of bound: each round's weight GB/s over that round's bound, median. "
         "int8 MAC/s counts M x K x N multiply-adds; of peak: over the vpdpbusd peak on these "
         "threads. Speedup: the faster ORT variant's time over ours, per round (median, range).",
         "",
