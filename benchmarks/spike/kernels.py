@@ -134,16 +134,17 @@ def _linears(
             calls[f"M={m}|{name}"] = 10 if m == 1 else 1  # 40-70 ms a sample
     big = torch.ones(1 << 28)  # the bound: kernel_ceiling's 1 GiB sum, in the same rounds
     cases["bandwidth"], calls["bandwidth"] = big.sum, 1
-    peaks: dict[int, list[float]] = {1: [], args.threads: []}
+    # multiply-add peaks from registers (int8 vpdpbusd, bf16 vdpbf16ps, fp32 FMA) per round
+    peaks = {(k, t): [] for k in kernlib.MADD_KINDS for t in (1, args.threads)}
 
     def peak(_: int) -> None:
-        for t in peaks:
-            peaks[t].append(kernels.vnni_peak(t, 2_000_000))
+        for kind, t in peaks:
+            peaks[kind, t].append(kernels.madd_peak(t, kind, 2_000_000))
 
     times = _timed(cases, calls, args.rounds, watch, after_round=peak)
     bandwidth = [big.numel() * 4 / s for s in times.pop("bandwidth")]
     del big
-    best_peak = max(peaks[args.threads])
+    best_peak = max(peaks["int8", args.threads])
     result_rows = []
     for m in rows:
         ort_names = [n for n in sessions]
@@ -177,7 +178,8 @@ def _linears(
         "our_weight_bytes": lin.our_bytes,
         "bandwidth_bytes_per_s": statistics.median(bandwidth),
         "bandwidth_rounds": [round(b / 1e9, 2) for b in bandwidth],
-        "vnni_peak_macs_per_s": {str(t): max(v) for t, v in peaks.items()},
+        "vnni_peak_macs_per_s": {str(t): max(v) for (k, t), v in peaks.items() if k == "int8"},
+        "madd_peaks_macs_per_s": {f"{k}, {t} threads": max(v) for (k, t), v in peaks.items()},
         "check": checks,
         "rows": result_rows,
     }

@@ -17,6 +17,8 @@ def markdown(report: dict[str, Any]) -> str:
     peak_text = ", ".join(
         f"{v / 1e9:.0f} G/s on {t} thread{'s' if t != '1' else ''}" for t, v in peaks.items()
     )
+    others = lin.get("madd_peaks_macs_per_s", {})
+    other_text = ", ".join(f"{name} {v / 1e9:.0f} G/s" for name, v in others.items())
     lines = [
         "# Kernels of our own: int4 GEMV / GEMM with VNNI and paged attention, beside ONNX Runtime",
         "",
@@ -30,7 +32,13 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "DRAM read bandwidth at the start (benchmarks/harness/machine.py): "
         f"{bw['bytes_per_s'] / 1e9:.1f} GB/s ({bw['bound_method']}). int8 multiply-add peak "
-        f"(independent vpdpbusd on registers, best of the rounds): {peak_text}.",
+        f"(independent vpdpbusd on registers, best of the rounds): {peak_text}."
+        + (
+            f" Every kind of multiply-add the same way (int8 vpdpbusd, bf16 vdpbf16ps, fp32 "
+            f"FMA): {other_text}."
+            if others
+            else ""
+        ),
         "",
     ]
     lines += _linears(

@@ -20,13 +20,14 @@ __all__ = ["Kernels", "Q4Weights", "load"]
 SOURCES = REPO / "spike" / "kernels"
 LIBRARY = SOURCES / "build" / "libks.so"
 GROUP, SUPER, SUPER_BYTES = 32, 512, 288  # q4_layout.h
+MADD_KINDS = ("int8", "bf16", "fp32")  # madd_peak.cpp's kinds, in its order
 
 _p, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
     "ks_q4_pack": (None, [_p, _p, _i64, _i64, _p]),
     "ks_q8_quantize": (None, [_p, _i64, _i64, _i64, _p, _p, _p]),
     "ks_q4_gemm": (None, [_p, _i64, _i64, _p, _i64, _p, _int]),
-    "ks_vnni_peak": (ctypes.c_double, [_i64, _int]),
+    "ks_madd_peak": (ctypes.c_double, [_i64, _int, _int]),
     "ks_paged_attention": (
         _int,
         [_p, _p, _p, _p, _p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _int]
@@ -137,9 +138,11 @@ class Kernels:
             raise ValueError(f"shape not supported: heads {num_heads}/{hkv}, head dim {d}")
         return y
 
-    def vnni_peak(self, threads: int, iters: int = 20_000_000) -> float:
-        """int8 multiply-adds per second, vpdpbusd from registers on `threads` threads."""
-        return float(self.lib.ks_vnni_peak(iters, threads))
+    def madd_peak(self, threads: int, kind: str = "int8", iters: int = 20_000_000) -> float:
+        """Multiply-adds per second from registers on `threads` threads: `kind` "int8"
+        (vpdpbusd), "bf16" (vdpbf16ps) or "fp32" (vfmadd231ps)."""
+        code = MADD_KINDS.index(kind)
+        return float(self.lib.ks_madd_peak(iters, threads, code))
 
 
 def load(rebuild: bool = False) -> Kernels:

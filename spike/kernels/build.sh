@@ -6,7 +6,7 @@ set -eu
 cd "$(dirname "$0")"
 mkdir -p build
 CXX=${CXX:-g++}
-ISA="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c -mavx2"
+ISA="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -mavx2"
 # GCC 12's own intrinsic headers trip its (maybe-)uninitialized warnings (`__Y = __Y`), and
 # __m512's alignment attribute trips ignored-attributes in a template argument: both noise.
 QUIET="-Wno-uninitialized -Wno-maybe-uninitialized -Wno-ignored-attributes"
