@@ -10,7 +10,7 @@ exceeded the thread count is refused):
         [--rounds 15] [--out-dir DIR] [--report-only]
 
 - linears: 4 layers of the Llama-3.2-1B shape's decode linears (q|k|v, o, gate|up, down; as
-  kernel_ceiling.py) at M = 1, 4, 8, 32 rows, and the lm_head (128256 x 2048) at M = 1 and 32:
+  kernel_ceiling.py) at M = 1, 4, 8, 32, 128 rows, and the lm_head (128256 x 2048) at M = 1 and 32:
   ours against MatMulNBits accuracy level 4 (int8 activations), ORT's intra-op spinning on
   (its default) and off; the bandwidth bound (a 1 GiB torch sum, kernel_ceiling's) and this
   CPU's vpdpbusd peak measured in the same rounds.
@@ -47,7 +47,7 @@ PAUSE_S = 0.1
 # A kernel further than this from numpy is wrong, and is not timed (relative to the reference's
 # largest |value|; the GEMM is compared on activations rounded as it rounds them).
 TOLERANCE = {"gemm": 1e-5, "attention": 1e-4}
-STEP_ROWS = (1, 4, 8, 32)
+STEP_ROWS = (1, 4, 8, 32, 128)  # 128: a prefill chunk
 LM_HEAD_ROWS = (1, 32)
 ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16")
 
