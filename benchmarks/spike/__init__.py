@@ -1,6 +1,9 @@
-"""Issue 27's spike: candidate engines for ingot's model measured beside its ONNX Runtime engine.
+"""Issue 27's spike: candidate engines and kernels for ingot's model, measured beside its ONNX
+Runtime engine.
 
 `openvino`: ingot's own int4 weights rebuilt as an OpenVINO model (weight-compressed MatMuls,
 the PagedAttention operation over ingot's block tables) driven by ingot's own Generator
 (benchmarks/spike/openvino.py; the OpenVINO side runs in benchmarks/.venvs/openvino).
+`kernels`: kernels of our own (spike/kernels/: int4 g32 GEMV/GEMM with AVX-512 VNNI, paged
+decode attention over ingot's pool) against MatMulNBits and gather + Attention.
 """

@@ -48,6 +48,7 @@ BENCHMARKS = {
         "benchmarks.spike.openvino_report",
         "markdown",
     ),
+    "benchmarks.spike.kernels": (["spike_kernels"], "benchmarks.spike.kernels_report", "markdown"),
 }
 # Reports whose JSON was written with sorted keys, which reorders their tables (engines,
 # library versions, rounds' systems) when rendered again from it: their markdown is the
