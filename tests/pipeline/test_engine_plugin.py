@@ -1,4 +1,4 @@
-"""A new engine is one package per side and one registration line each (docs/notes/engine.md):
+"""A new engine is one package per side and one registration line each (design.md section 2):
 the toy engine (tests/toy_engine: the exported graph copied, run unoptimized), registered as
 those two lines would register it, goes through the generic code: the recipe's targets, the
 plan, the engine stage and its check, engine selection, the runtime's loader and the evaluate

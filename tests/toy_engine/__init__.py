@@ -1,4 +1,4 @@
-"""A toy engine, laid out as a new engine is (docs/notes/engine.md): its build half (build.py,
+"""A toy engine, laid out as a new engine is (design.md section 2): its build half (build.py,
 in the tree pipeline/engines/toy/__init__.py) and its runtime half (runtime.py, in the tree
 runtime/engines/toy/__init__.py), each registered by one line (tests/pipeline/
 test_engine_plugin.py registers them as those lines would). The engine is the exported graph
