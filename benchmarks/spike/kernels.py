@@ -6,7 +6,7 @@ Reproduce (about 2 minutes on 2 cores; builds spike/kernels/build/libks.so first
 missing or stale; writes benchmarks/results/spike_kernels.json and .md; a run whose host load
 exceeded the thread count is refused):
 
-    flock -x /work/cpu.lock .venv/bin/python -m benchmarks.spike.kernels [--threads 2]
+    .venv/bin/python -m benchmarks.spike.kernels [--threads 2]
         [--rounds 15] [--out-dir DIR] [--report-only]
 
 - linears: 4 layers of the Llama-3.2-1B shape's decode linears (q|k|v, o, gate|up, down; as

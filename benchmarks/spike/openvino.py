@@ -5,7 +5,7 @@ ingot's ONNX Runtime engine on the same artifact, in the same run.
 Reproduce (needs benchmarks/.venvs/openvino: `benchmarks/peers/setup.sh openvino`; each part
 merges into benchmarks/results/spike_openvino.json, so a long run can be split):
 
-    flock -x /work/cpu.lock .venv/bin/python -m benchmarks.spike.openvino \
+    .venv/bin/python -m benchmarks.spike.openvino \
         [--models pydoc-16m llama-1b-shape] [--parts check batch1 batched long]
         [--engines ingot openvino-f32 openvino] [--rounds 3] [--threads 2] [--out-dir DIR]
         [--models-dir DIR] [--eval-text FILE] [--report-only]
