@@ -39,7 +39,7 @@ from typing import Any
 from benchmarks.harness.launch import worker_main
 from benchmarks.harness.machine import memory_status
 
-__all__ = ["ENGINES", "percentile", "run_metrics", "run_spec", "summarize_runs"]
+__all__ = ["ENGINES", "generator_runner", "percentile", "run_metrics", "run_spec", "summarize_runs"]
 
 # One run: (start time, per sequence (new token ids, one timestamp per token)).
 Trace = tuple[float, list[tuple[list[int], list[float]]]]
@@ -92,9 +92,14 @@ def open_ingot(
 
 
 def load_ingot(artifact: str, batch: int, batched_tokens: int, **_: Any) -> Runner:
-    from ingot.runtime import SamplingParams
-
     _, generator = open_ingot(artifact, batch, batched_tokens)
+    return generator_runner(generator)
+
+
+def generator_runner(generator: Any) -> Runner:
+    """The Trace protocol over an ingot Generator (whatever engine runs under it): all prompts
+    added at once, greedy, each token's time as the step that made it returned."""
+    from ingot.runtime import SamplingParams
 
     def run(prompts: list[list[int]], n: int) -> Trace:
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)

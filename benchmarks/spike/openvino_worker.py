@@ -18,7 +18,6 @@ Each pool holds `batch` sequences of `ctx_per_seq` tokens, and at least one of m
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from benchmarks.decode import engines
@@ -30,25 +29,6 @@ __all__ = ["run_spec"]
 def _blocks(batch: int, ctx_per_seq: int, max_seq_len: int, block_size: int) -> int:
     per_seq = -(-ctx_per_seq // block_size)
     return max(batch * per_seq, -(-max_seq_len // block_size)) + 1
-
-
-def _trace_runner(generator: Any) -> engines.Runner:
-    """engines.py's Trace protocol over a Generator: all prompts added at once, greedy."""
-    from ingot.runtime import SamplingParams
-
-    def run(prompts: list[list[int]], n: int) -> engines.Trace:
-        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-        start = time.perf_counter()
-        ids = [generator.add(p, params) for p in prompts]
-        times: dict[int, list[float]] = {i: [] for i in ids}
-        while generator.has_unfinished():
-            outputs = generator.step()
-            now = time.perf_counter()
-            for out in outputs:
-                times[out.request_id].append(now)
-        return start, [(list(generator.pop_completion(i).token_ids), times[i]) for i in ids]
-
-    return run
 
 
 def load_ingot(artifact: str, batch: int, batched_tokens: int, ctx_per_seq: int, **_: Any):
@@ -64,7 +44,7 @@ def load_ingot(artifact: str, batch: int, batched_tokens: int, ctx_per_seq: int,
         max_num_batched_tokens=max(2048, batched_tokens),
         enable_prefix_caching=False,
     )
-    run = _trace_runner(model.generator())
+    run = engines.generator_runner(model.generator())
     run.info = {"kv_blocks": blocks, "kv_bytes": model.pool.nbytes}  # type: ignore[attr-defined]
     return run
 
@@ -112,7 +92,7 @@ def load_openvino(**load: Any) -> engines.Runner:
 
     load = {k: v for k, v in load.items() if k != "artifact_engine"}
     generator, info = open_ov_generator(**load)
-    run = _trace_runner(generator)
+    run = engines.generator_runner(generator)
     run.info = info | {"openvino": openvino.__version__}  # type: ignore[attr-defined]
     return run
 
