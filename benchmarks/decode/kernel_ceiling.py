@@ -122,6 +122,22 @@ def _timed(cases: dict[str, Callable[[], Any]], calls: int) -> dict[str, float]:
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
+def matmulnbits_node(prefix: str, k: int, n: int, accuracy_level: int) -> Any:
+    """An int4 g32 `MatMulNBits` node: input `x{k}` [M, K], initializers `{prefix}.codes`
+    [N, K/32, 16] and `{prefix}.scales` [N * K/32], output `{prefix}.y` [M, N]."""
+    return helper.make_node(
+        "MatMulNBits",
+        [f"x{k}", f"{prefix}.codes", f"{prefix}.scales"],
+        [f"{prefix}.y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=4,
+        block_size=GROUP,
+        accuracy_level=accuracy_level,
+    )
+
+
 def _matmulnbits(threads: int) -> dict[str, Any]:
     import torch
 
@@ -142,19 +158,7 @@ def _matmulnbits(threads: int) -> dict[str, Any]:
                     numpy_helper.from_array(scales, f"{prefix}.scales"),
                 ]
                 weight_bytes += codes.nbytes + scales.nbytes
-                nodes.append(
-                    helper.make_node(
-                        "MatMulNBits",
-                        [f"x{k}", f"{prefix}.codes", f"{prefix}.scales"],
-                        [f"{prefix}.y"],
-                        domain="com.microsoft",
-                        K=k,
-                        N=n,
-                        bits=4,
-                        block_size=GROUP,
-                        accuracy_level=level,
-                    )
-                )
+                nodes.append(matmulnbits_node(prefix, k, n, level))
                 outputs.append(helper.make_tensor_value_info(f"{prefix}.y", F, [1, n]))
         inputs = [helper.make_tensor_value_info(f"x{k}", F, [1, k]) for k in x]
         feeds = {f"x{k}": v for k, v in x.items()}

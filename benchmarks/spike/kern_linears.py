@@ -17,6 +17,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from benchmarks.decode.kernel_ceiling import matmulnbits_node
 from benchmarks.spike.kernlib import Kernels, Q4Weights
 
 # Llama-3.2-1B's decode linears, ingot's fused layout (as kernel_ceiling.py): (name, K, N).
@@ -27,7 +28,7 @@ LINEARS_1B = (
     ("down", 8192, 2048),
 )
 LM_HEAD = ("lm_head", 2048, 128256)  # Llama 3's vocabulary
-GROUP = 32
+GROUP = 32  # MatMulNBits block_size (kernel_ceiling.GROUP) and q4_layout.h's group
 CHECK_ROWS = 8192  # output columns compared with numpy (the lm_head's 128256 in fp64: 2 GiB)
 
 
@@ -64,19 +65,7 @@ def make_linears(kernels: Kernels, shapes: list[tuple[str, int, int]], seed: int
             numpy_helper.from_array(scales.astype(np.float32).ravel(), f"{prefix}.scales"),
         ]
         lin.ort_bytes += codes.nbytes + scales.size * 4
-        lin.nodes.append(
-            helper.make_node(
-                "MatMulNBits",
-                [f"x{k}", f"{prefix}.codes", f"{prefix}.scales"],
-                [f"{prefix}.y"],
-                domain="com.microsoft",
-                K=k,
-                N=n,
-                bits=4,
-                block_size=GROUP,
-                accuracy_level=4,
-            )
-        )
+        lin.nodes.append(matmulnbits_node(prefix, k, n, accuracy_level=4))
         lin.ours.append(kernels.pack_q4(codes, scales))
         lin.dense.append(lambda rows, c=codes, s=scales: _dequantize(c[:rows], s[:rows]))
     return lin
