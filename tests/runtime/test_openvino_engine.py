@@ -13,16 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import openvino_artifact_of
 
 from ingot.artifacts import read_manifest
 from ingot.runtime import LoadedModel, SamplingParams
 from ingot.runtime.engine_select import EngineUnavailable, select_engine
-from ingot.runtime.engines.base import HostInfo, SessionSettings
+from ingot.runtime.engines.base import HostInfo, SessionError, SessionSettings
 from ingot.runtime.engines.openvino import PLUGIN
 from ingot.runtime.speculative import SpeculativeConfig
 from ingot.runtime.speculative.load import DraftModel
 
-from fixtures import make_checkpoint, with_openvino, write_recipe
+from fixtures import with_openvino
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 SHARED = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps"
@@ -32,29 +33,12 @@ PROMPTS = [
     SHARED + " again and",
     "import os\nprint(os.path",
 ]
-EXACT = [{"engine": "onnxruntime", "device": "cpu", "matmul_accuracy_level": 0}]
-KV32 = {"dtype": "fp32", "block_size": 32}  # the CPU plugin's block size
 ALWAYS = {"adaptive": False}  # draft every step
 
 
-def _artifact(tmp_path_factory, name: str, arch: str = "llama", **overrides) -> Path:
-    from ingot.pipeline.build import build
-    from ingot.pipeline.cache import StageCache
-
-    tmp = tmp_path_factory.mktemp(name)
-    recipe = write_recipe(
-        tmp / "r.yaml",
-        make_checkpoint(tmp / "ckpt", arch, **overrides),
-        kv_cache=KV32,
-        targets=EXACT,
-    )
-    built = build(recipe, tmp / "art", cache=StageCache(tmp / "cache")).artifact
-    return with_openvino(built, tmp / "both")
-
-
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory) -> Path:
-    return _artifact(tmp_path_factory, "ov-llama")
+def artifact(openvino_artifact) -> Path:
+    return openvino_artifact
 
 
 def _generate(artifact: Path, engine: str, prompts=PROMPTS, params=GREEDY, **load) -> list:
@@ -120,7 +104,7 @@ def test_sequences_joining_mid_run(artifact, alone):
 
 def test_sliding_window_past_the_window(tmp_path_factory):
     # A window of 24 tokens, every prompt and its 40 new tokens far past it.
-    artifact = _artifact(tmp_path_factory, "ov-mistral", "mistral", sliding_window=24)
+    artifact = openvino_artifact_of(tmp_path_factory, "ov-mistral", "mistral", sliding_window=24)
     assert read_manifest(artifact).model.sliding_window == 24
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     ours = _generate(artifact, "openvino", params=params, max_num_batched_tokens=16)
@@ -128,7 +112,7 @@ def test_sliding_window_past_the_window(tmp_path_factory):
 
 
 def test_qwen2_biases(tmp_path_factory):
-    artifact = _artifact(tmp_path_factory, "ov-qwen2", "qwen2")
+    artifact = openvino_artifact_of(tmp_path_factory, "ov-qwen2", "qwen2")
     assert _generate(artifact, "openvino") == _generate(artifact, "onnxruntime")
 
 
@@ -190,3 +174,23 @@ def test_engine_order_and_request(artifact, tmp_path):
     old = HostInfo(host.cpu_flags, {"onnxruntime": "1.32.0", "openvino": "2025.1.0"})
     with pytest.raises(EngineUnavailable, match=r"needs openvino >=2026.4,<2026.5, found 2025"):
         select_engine(manifest, old, "openvino")
+
+
+def test_what_the_engine_refuses(artifact):
+    manifest = read_manifest(artifact)
+    graph, record = manifest.graph, manifest.engines[1]
+    assert record.engine == "openvino"
+    with pytest.raises(SessionError, match="kv_block_size 16: .* blocks of 32 tokens"):
+        PLUGIN.kv_layout(graph.model_copy(update={"kv_block_size": 16}), record)
+    with pytest.raises(SessionError, match="kv_dtype fp8: .*no fp8 form"):
+        PLUGIN.kv_layout(graph.model_copy(update={"kv_dtype": "fp8"}), record)
+    host = HostInfo(frozenset(), {"openvino": "2026.4.1"})
+    assert PLUGIN.problems(record, host) == []
+    bad = {**record.session_options, "kv_cache_precision": "f32", "inference_precision": "bf16"}
+    problems = PLUGIN.problems(record.model_copy(update={"session_options": bad}), host)
+    assert problems == [
+        "session_options.kv_cache_precision f32 needs inference_precision f32 (with bf16 "
+        "activations the cache is f16 or u8)"
+    ]
+    odd = record.model_copy(update={"requires": {"openvino": ">=2026.4", "gpu": "yes"}})
+    assert PLUGIN.problems(odd, host) == ["unknown requirements ['gpu']"]
