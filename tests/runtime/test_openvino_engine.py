@@ -190,7 +190,7 @@ def test_what_the_engine_refuses(artifact):
     problems = PLUGIN.problems(record.model_copy(update={"session_options": bad}), host)
     assert problems == [
         "session_options.kv_cache_precision f32 needs inference_precision f32 (with bf16 "
-        "activations the cache is f16 or u8)"
+        "activations a float cache is kept in bf16; u8 works with either)"
     ]
     odd = record.model_copy(update={"requires": {"openvino": ">=2026.4", "gpu": "yes"}})
     assert PLUGIN.problems(odd, host) == ["unknown requirements ['gpu']"]
