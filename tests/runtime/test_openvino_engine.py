@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import openvino_artifact_of
 
 from ingot.artifacts import read_manifest
 from ingot.runtime import LoadedModel, SamplingParams
@@ -23,7 +22,7 @@ from ingot.runtime.engines.openvino import PLUGIN
 from ingot.runtime.speculative import SpeculativeConfig
 from ingot.runtime.speculative.load import DraftModel
 
-from fixtures import with_openvino
+from fixtures import openvino_artifact_of, with_openvino
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 SHARED = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps"
@@ -111,8 +110,23 @@ def test_sliding_window_past_the_window(tmp_path_factory):
     assert ours == _generate(artifact, "onnxruntime", params=params)
 
 
-def test_qwen2_biases(tmp_path_factory):
-    artifact = openvino_artifact_of(tmp_path_factory, "ov-qwen2", "qwen2")
+# Weight forms: asymmetric int4 (u4 codes and zero points) in every layer but v_proj and
+# up_proj (float), so q|k|v and gate|up are not fused; lm_head int8 per channel with zero
+# points; Qwen2's q/k/v biases on the symmetric default.
+ASYMMETRIC = [
+    {"method": "rtn", "bits": 4, "group_size": 32, "symmetric": False,
+     "ignore": ["lm_head", "re:.*v_proj", "re:.*up_proj"]},
+    {"method": "rtn", "bits": 8, "group_size": -1, "symmetric": False, "targets": ["lm_head"],
+     "ignore": []},
+]  # fmt: skip
+
+
+FORMS = [("qwen2", None), ("llama", {"quantize": ASYMMETRIC})]
+
+
+@pytest.mark.parametrize(("arch", "recipe"), FORMS, ids=["qwen2", "asymmetric"])
+def test_model_and_weight_forms(tmp_path_factory, arch, recipe):
+    artifact = openvino_artifact_of(tmp_path_factory, f"ov-{arch}", arch, recipe)
     assert _generate(artifact, "openvino") == _generate(artifact, "onnxruntime")
 
 
