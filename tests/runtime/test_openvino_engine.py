@@ -208,3 +208,21 @@ def test_what_the_engine_refuses(artifact):
     ]
     odd = record.model_copy(update={"requires": {"openvino": ">=2026.4", "gpu": "yes"}})
     assert PLUGIN.problems(odd, host) == ["unknown requirements ['gpu']"]
+
+
+@pytest.mark.parametrize(
+    ("quantize", "why"),
+    [
+        ([{"method": "smoothquant", "weights": "rtn"}], "its inputs are quantized too"),
+        ([{"method": "fp8", "activations": "none"}], r"f8e4m3'> \(FP8 weights\)"),
+    ],
+    ids=["w8a8", "fp8"],
+)
+def test_weight_forms_it_cannot_run_are_refused_naming_the_linear(tmp_path_factory, quantize, why):
+    text = tmp_path_factory.mktemp("text") / "calibration.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. def add(a, b): return a\n" * 99)
+    calibration = {"dataset": str(text), "samples": 4, "seq_len": 64}
+    recipe = {"quantize": quantize, "calibration": calibration}
+    artifact = openvino_artifact_of(tmp_path_factory, "ov-refused", recipe=recipe)
+    with pytest.raises(SessionError, match=rf"^layers\.0\.attn\.qkv_proj: .*{why}"):
+        LoadedModel.load(artifact, engine="openvino")
