@@ -9,6 +9,7 @@ dynamic quantization: `EXACT_OPENVINO`), so their greedy tokens can be compared 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -226,3 +227,20 @@ def test_weight_forms_it_cannot_run_are_refused_naming_the_linear(tmp_path_facto
     artifact = openvino_artifact_of(tmp_path_factory, "ov-refused", recipe=recipe)
     with pytest.raises(SessionError, match=rf"^layers\.0\.attn\.qkv_proj: .*{why}"):
         LoadedModel.load(artifact, engine="openvino")
+
+
+def test_generate_command_takes_an_engine(artifact):
+    from click.testing import CliRunner
+
+    from ingot.cli import main
+
+    def generate(engine: str) -> object:
+        args = ["generate", str(artifact), "--prompt", PROMPTS[1], "--json", "--engine", engine]
+        return CliRunner().invoke(main, args)
+
+    ours, theirs = generate("openvino"), generate("onnxruntime-cpu")
+    assert ours.exit_code == theirs.exit_code == 0, ours.output
+    assert json.loads(ours.output)["token_ids"] == json.loads(theirs.output)["token_ids"]
+    refused = generate("openvino-gpu")
+    assert refused.exit_code != 0
+    assert "--engine: engine 'openvino-gpu': this artifact has no engine" in refused.output
