@@ -244,3 +244,33 @@ def test_generate_command_takes_an_engine(artifact):
     refused = generate("openvino-gpu")
     assert refused.exit_code != 0
     assert "--engine: engine 'openvino-gpu': this artifact has no engine" in refused.output
+
+
+def test_feed_packs_real_rows_and_maps_logits_rows():
+    """A decode, a verification of 3 tokens and a prefill chunk in one call: padded rows
+    dropped, each sequence's table cut at its last token, logits rows s*Q + q -> packed."""
+    from ingot.runtime.batch import build_inputs
+    from ingot.runtime.engines.openvino.feed import paged_feed
+    from ingot.runtime.kv_pool import KVPool
+
+    pool = KVPool(1, 16, 4, 1, 2)  # blocks of 4 tokens
+    seqs = []
+    for past, new in ((9, [7]), (5, [1, 2, 3]), (0, [4, 5, 6, 8, 9])):
+        table = pool.new_block_table()
+        table.reserve(past + len(new))
+        seqs.append((table, new, past))
+    batch = build_inputs(seqs, scratch_block=pool.scratch_block, all_logits=True)
+    call = paged_feed(batch, block_size=4)
+    feed = call.feed
+    assert call.padded_rows == 3 * 5 and list(call.rows) == [0, 5, 6, 7, 10, 11, 12, 13, 14]
+    assert list(feed["input_ids"]) == [7, 1, 2, 3, 4, 5, 6, 8, 9]
+    assert list(feed["positions"]) == [9, 5, 6, 7, 0, 1, 2, 3, 4]
+    assert list(feed["past_lens"]) == [9, 5, 0]
+    assert list(feed["subsequence_begins"]) == [0, 1, 4, 9]
+    assert list(feed["block_indices_begins"]) == [0, 3, 5, 7]  # 10, 8 and 5 tokens
+    tables = [seq[0].block_ids for seq in seqs]
+    assert list(feed["block_indices"]) == [*tables[0][:3], *tables[1][:2], *tables[2][:2]]
+    assert list(feed["logits_indices"]) == list(range(9))  # every real row, in order
+    assert int(feed["max_context_len"]) == 10
+    last = build_inputs(seqs, scratch_block=pool.scratch_block)  # each sequence's last row
+    assert list(paged_feed(last, block_size=4).feed["logits_indices"]) == [0, 3, 8]
