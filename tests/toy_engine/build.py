@@ -33,8 +33,14 @@ class ToyBuilder:
     target_model = ToyTarget
     constants = {"toy_bytes_per_second": 1e9}  # a copy
 
+    def recipe_problems(self, target: ToyTarget, recipe: Any) -> list[str]:
+        return []  # it runs whatever exports
+
     def accuracy(self, target: ToyTarget) -> Literal["exact"]:
         return "exact"  # the graph's own numbers, fp32 activations
+
+    def own_kv(self, kv_dtype: str) -> bool:
+        return False  # its pools are the graph's
 
     def exact(self, graph: Path, target: ToyTarget) -> ExactRun | None:
         return None  # the engine's own check is exact
@@ -53,7 +59,7 @@ class ToyBuilder:
             "build": {"copied": list(FILES)},
         }
 
-    def open(self, out: Path, record: dict[str, Any]) -> OrtGraph:
+    def open(self, graph: Path, out: Path, record: dict[str, Any]) -> OrtGraph:
         path = out / Path(record["path"]).name
         return OrtGraph(load_onnxruntime_engine(path, record["session_options"]))
 

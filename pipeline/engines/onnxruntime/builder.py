@@ -40,9 +40,15 @@ class OnnxRuntimeBuilder:
     target_model = OnnxRuntimeTarget
     constants = ESTIMATES
 
+    def recipe_problems(self, target: OnnxRuntimeTarget, recipe: Any) -> list[str]:
+        return []  # the exported graph is ONNX Runtime's: it runs whatever exports
+
     def accuracy(self, target: OnnxRuntimeTarget) -> Accuracy:
         """Int8 activations at MatMulNBits accuracy level 4, else exact (fp32)."""
         return "int8_activations" if target.matmul_accuracy_level == 4 else "exact"
+
+    def own_kv(self, kv_dtype: str) -> bool:
+        return False  # the engine's pools are the exported graph's inputs
 
     def exact(self, graph: Path, target: OnnxRuntimeTarget) -> ExactRun | None:
         """The exported graph optimized in memory as the target optimizes it, but with
@@ -69,7 +75,7 @@ class OnnxRuntimeBuilder:
             matmul_accuracy_level=target.matmul_accuracy_level,
         )
 
-    def open(self, out: Path, record: dict[str, Any]) -> OrtGraph:
+    def open(self, graph: Path, out: Path, record: dict[str, Any]) -> OrtGraph:
         engine_file = out / Path(record["path"]).name
         return OrtGraph(load_onnxruntime_engine(engine_file, record["session_options"]))
 
