@@ -145,10 +145,14 @@ class EngineBuilder(Protocol):
         exactly and the engine loosely ("int8_activations")."""
         ...
 
-    def exact(self, graph: Path, target: Any) -> ExactRun | None:
+    def exact(
+        self, graph: Path, target: Any, *, sliding_window: int | None = None
+    ) -> ExactRun | None:
         """For an engine that is not exact: the exported ``graph`` compiled as `build`
         compiles it but computing exactly (nothing written), checked first with the exact
-        tolerance; None where the engine is exact, or has no such variant."""
+        tolerance; None where the engine is exact, or has no such variant. ``sliding_window``:
+        the model's attention window, for an engine that applies it itself (its graph has no
+        mask input: OpenVINO's PagedAttention), as `open`'s."""
         ...
 
     def build(self, graph: Path, target: Any, out: Path) -> dict[str, Any]:
@@ -159,9 +163,17 @@ class EngineBuilder(Protocol):
         session_options (what the runtime applies) and build (how it was built)."""
         ...
 
-    def open(self, graph: Path, out: Path, record: dict[str, Any]) -> GraphRunner:
+    def open(
+        self,
+        graph: Path,
+        out: Path,
+        record: dict[str, Any],
+        *,
+        sliding_window: int | None = None,
+    ) -> GraphRunner:
         """The engine `build` wrote into ``out`` from ``graph``, run as the runtime will run
-        it (an engine whose record's ``path`` is the graph's reads ``graph``)."""
+        it (an engine whose record's ``path`` is the graph's reads ``graph``; the runtime
+        passes it the model's ``sliding_window``, as `SessionSettings` does)."""
         ...
 
     def estimate(self, target: Any, sizing: EngineSizing) -> EngineEstimate: ...

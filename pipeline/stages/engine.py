@@ -108,11 +108,12 @@ def run_engine(export_dir: Path, ir_dir: Path, target: EngineTarget, out: Path) 
     own_kv = builder.own_kv(kv_dtype)
     # One IR reference for both checks of an inexact engine (`GraphCheck`): exact first.
     ir = IRLayers(ir_dir)
+    window = ir.cfg.sliding_window  # for an engine that applies it itself
     check_ir = GraphCheck(ir if own_kv else rounding_as_exported(ir, export_dir))
-    exact = _exact_check(builder, graph, check_ir, target)
+    exact = _exact_check(builder, graph, check_ir, target, window)
     record = builder.build(graph, target, out)
     gc.collect()  # the build's copy of the weights goes before the engine's loads them
-    runner = builder.open(graph, out, record)
+    runner = builder.open(graph, out, record, sliding_window=window)
     accuracy = "int8_activations" if own_kv else builder.accuracy(target)
     try:
         check = check_ir(runner, accuracy=accuracy)
@@ -128,11 +129,15 @@ def run_engine(export_dir: Path, ir_dir: Path, target: EngineTarget, out: Path) 
 
 
 def _exact_check(
-    builder: EngineBuilder, graph: Path, check_ir: GraphCheck, target: EngineTarget
+    builder: EngineBuilder,
+    graph: Path,
+    check_ir: GraphCheck,
+    target: EngineTarget,
+    window: int | None,
 ) -> dict[str, Any] | None:
     """`check_ir` "exact" on the builder's exact variant of the graph, where the engine is not
     exact and has one; None otherwise."""
-    exact = builder.exact(graph, target)
+    exact = builder.exact(graph, target, sliding_window=window)
     if exact is None:
         return None
     runner, what = exact

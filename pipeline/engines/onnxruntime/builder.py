@@ -50,7 +50,9 @@ class OnnxRuntimeBuilder:
     def own_kv(self, kv_dtype: str) -> bool:
         return False  # the engine's pools are the exported graph's inputs
 
-    def exact(self, graph: Path, target: OnnxRuntimeTarget) -> ExactRun | None:
+    def exact(
+        self, graph: Path, target: OnnxRuntimeTarget, *, sliding_window: int | None = None
+    ) -> ExactRun | None:
         """The exported graph optimized in memory as the target optimizes it, but with
         MatMulNBits at accuracy level 0 (fp32 activations); nothing is written."""
         if self.accuracy(target) == "exact":
@@ -75,7 +77,14 @@ class OnnxRuntimeBuilder:
             matmul_accuracy_level=target.matmul_accuracy_level,
         )
 
-    def open(self, graph: Path, out: Path, record: dict[str, Any]) -> OrtGraph:
+    def open(
+        self,
+        graph: Path,
+        out: Path,
+        record: dict[str, Any],
+        *,
+        sliding_window: int | None = None,  # the graph's mask applies it
+    ) -> OrtGraph:
         engine_file = out / Path(record["path"]).name
         return OrtGraph(load_onnxruntime_engine(engine_file, record["session_options"]))
 

@@ -45,7 +45,9 @@ class OpenVinoBuilder:
     def own_kv(self, kv_dtype: str) -> bool:
         return kv_dtype == "int8"  # the plugin's u8 blocks, not the graph's codes
 
-    def exact(self, graph: Path, target: OpenVinoTarget) -> ExactRun | None:
+    def exact(
+        self, graph: Path, target: OpenVinoTarget, *, sliding_window: int | None = None
+    ) -> ExactRun | None:
         """The same model compiled with f32 activations, no dynamic quantization and an fp32
         cache where the engine's is u8; nothing is written."""
         kv_dtype = graph_interface(graph).kv_dtype
@@ -54,14 +56,21 @@ class OpenVinoBuilder:
         record = openvino_record(target, graph.name, kv_dtype)
         record["session_options"] = session_options(target, kv_dtype, exact=True)
         what = f"{engine_name(target)} at f32, no dynamic quantization, an f32 KV cache"
-        return ExactRun(OpenVinoGraph(graph, record), what)
+        return ExactRun(OpenVinoGraph(graph, record, sliding_window), what)
 
     def build(self, graph: Path, target: OpenVinoTarget, out: Path) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)  # no file: the engine is the graph's weights
         return openvino_record(target, graph.name, graph_interface(graph).kv_dtype)
 
-    def open(self, graph: Path, out: Path, record: dict[str, Any]) -> OpenVinoGraph:
-        return OpenVinoGraph(graph, record)
+    def open(
+        self,
+        graph: Path,
+        out: Path,
+        record: dict[str, Any],
+        *,
+        sliding_window: int | None = None,
+    ) -> OpenVinoGraph:
+        return OpenVinoGraph(graph, record, sliding_window)
 
     def estimate(self, target: OpenVinoTarget, sizing: EngineSizing) -> EngineEstimate:
         c = ESTIMATES

@@ -48,15 +48,21 @@ def graph_interface(graph: Path) -> GraphInfo:
 
 
 class OpenVinoGraph:
-    """The runtime's OpenVINO session over ``graph`` compiled as ``record`` says, as a
-    `GraphRunner`. The session (a compile) opens at the first call, for the check's pool."""
+    """The runtime's OpenVINO session over ``graph`` compiled as ``record`` says (the model's
+    attention window ``sliding_window`` passed as the loader passes it), as a `GraphRunner`.
+    The session (a compile) opens at the first call, for the check's pool."""
 
-    def __init__(self, graph: Path, record: dict[str, Any]) -> None:
+    def __init__(
+        self, graph: Path, record: dict[str, Any], sliding_window: int | None = None
+    ) -> None:
         self.graph, self.interface = graph, graph_interface(graph)
         self.engine = EngineInfo.model_validate(record)
         self.options = record["session_options"]
+        self.settings = SessionSettings(hidden=True, sliding_window=sliding_window)
         self.runtime = ENGINE_RUNTIMES.get("openvino")
-        self.layout = self.runtime.kv_layout(self.interface, self.engine)
+        self.layout = self.runtime.kv_layout(
+            _cache_interface(self.interface, self.options), self.engine
+        )
         self._pool: KVPool | None = None
         self._session: EngineRunner | None = None
 
@@ -102,9 +108,17 @@ class OpenVinoGraph:
         if self._pool is None or self._pool.num_blocks != num_blocks:
             self._session = None  # the old compiled model goes first
             self._pool = self.layout.pool(num_blocks)
-            settings = SessionSettings(hidden=True)
-            self._session = self.runtime.open(self.graph, self.engine, self._pool, settings)
+            self._session = self.runtime.open(self.graph, self.engine, self._pool, self.settings)
         return self._session, self._pool
+
+
+def _cache_interface(interface: GraphInfo, options: dict[str, Any]) -> GraphInfo:
+    """The interface whose pool holds the record's cache: the graph's own, but for the exact
+    variant of an int8 graph, whose cache is f32 (an fp32 cache holds any K/V exactly; the
+    runtime sizes the pool from the interface's kv_dtype and compiles for the pool's dtype)."""
+    if options["kv_cache_precision"] == "f32" and interface.kv_dtype != "fp32":
+        return interface.model_copy(update={"kv_dtype": "fp32", "kv_scales": None})
+    return interface
 
 
 def _batch(feed: Mapping[str, np.ndarray], block_size: int) -> Batch:
