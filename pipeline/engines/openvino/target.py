@@ -25,7 +25,8 @@ class OpenVinoTarget(EngineTarget):
             "default): the exported graph's arithmetic, checked exactly when "
             "dynamic_quantization is off; on the demo as fast as bf16 or faster. 'bf16' (the "
             "plugin's own default on CPUs with bf16 instructions; elsewhere it computes in "
-            "f32): keeps a float KV cache in 16 bits, so it needs kv_cache.dtype fp16 or int8; "
+            "f32): keeps a float KV cache in bf16, so it needs kv_cache.dtype int8 (the "
+            "plugin's u8 form); "
             "not exact: the build checks the same model at f32 exactly against the IR first, "
             "then the engine loosely."
         ),
