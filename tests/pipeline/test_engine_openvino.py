@@ -168,6 +168,26 @@ def test_16_and_8_bit_caches_are_checked(tiny, tmp_path, kv_dtype, target, accur
     assert engine.session_options["kv_cache_precision"] == expected
 
 
+def test_a_draft_model_ships_the_graph_its_openvino_engine_reads(tiny, tmp_path):
+    ckpt, cache = tiny
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    draft = make_checkpoint(tmp_path / "draft", "llama", seed=1, num_key_value_heads=1, **shape)
+    speculative = {"method": "draft_model", "num_speculative_tokens": 3}
+    speculative["draft"] = {"source": {"path": str(draft)}}
+    targets = [EXACT, {"engine": "onnxruntime", "matmul_accuracy_level": 0}]
+    recipe = write_recipe(
+        tmp_path / "r.yaml", ckpt, kv_cache=KV32, targets=targets, speculative=speculative
+    )
+    artifact = build(recipe, tmp_path / "artifact", cache=cache).artifact
+    spec = verify_artifact(artifact).speculative.draft
+    assert spec.graph.path == "draft/model.onnx"  # its first engine's file: the graph
+    assert [(e.name, e.path) for e in spec.engines] == [
+        ("openvino-cpu", "draft/model.onnx"),
+        ("onnxruntime-cpu", "draft/engines/onnxruntime-cpu/model.onnx"),
+    ]
+    assert (artifact / "draft" / "model.onnx.data").is_file()
+
+
 def test_plan_estimates_the_stage():
     config = json.loads((REPO / "recipes/demo/pydoc-tiny/config.json").read_text())
     shapes = plan._Shapes(ModelConfig.from_hf(config))
