@@ -73,11 +73,16 @@ def load_ir(path: str, threads: int, **_: Any) -> Runner:
 
 
 def open_ingot(
-    artifact: str, batch: int, batched_tokens: int, profile_file_prefix: str | None = None
+    artifact: str,
+    batch: int,
+    batched_tokens: int,
+    profile_file_prefix: str | None = None,
+    engine: str | None = None,
 ):
     """A Generator over the artifact for `batch` sequences at once; `batched_tokens` is the
     step's token budget (big enough that every prompt of the batch is prefilled in one step).
-    Prefix caching is off: repeated runs of one prompt must compute it again."""
+    Prefix caching is off: repeated runs of one prompt must compute it again. `engine`: the
+    artifact's engine by name or kind (None: the first this host runs, as `ingot serve`)."""
     from ingot.runtime import LoadedModel
 
     model = LoadedModel.load(
@@ -87,12 +92,15 @@ def open_ingot(
         max_num_batched_tokens=max(2048, batched_tokens),
         enable_prefix_caching=False,
         profile_file_prefix=profile_file_prefix,
+        engine=engine,
     )
     return model, model.generator()
 
 
-def load_ingot(artifact: str, batch: int, batched_tokens: int, **_: Any) -> Runner:
-    _, generator = open_ingot(artifact, batch, batched_tokens)
+def load_ingot(
+    artifact: str, batch: int, batched_tokens: int, engine: str | None = None, **_: Any
+) -> Runner:
+    _, generator = open_ingot(artifact, batch, batched_tokens, engine=engine)
     return generator_runner(generator)
 
 

@@ -5,7 +5,8 @@ value that computes exactly (f32, no activation quantization), an unknown one is
 
     inference_precision              "f32" | "bf16"   the activations' (INFERENCE_PRECISION_HINT)
     kv_cache_precision               "f32" | "f16" | "u8"   the caches' (KV_CACHE_PRECISION);
-                                     must be the graph's kv_dtype's (`KV_PRECISIONS`)
+                                     must be the graph's kv_dtype's (`KV_PRECISIONS`); f32 and
+                                     f16 need inference_precision f32
     dynamic_quantization_group_size  0 | 32   int8 activations in groups of this many (0: off)
                                      in the int4 / int8 matmuls
     num_threads                      0 = OpenVINO's default (every core), else that many
@@ -52,11 +53,13 @@ class CompileOptions:
         if kv is not None and kv not in KV_PRECISIONS.values():
             allowed = ", ".join(KV_PRECISIONS.values())
             raise SessionError(f"session_options.kv_cache_precision {kv!r} not in {allowed}")
-        if kv == "f32" and options.inference_precision != "f32":
-            # The plugin's PagedAttention keeps a float cache in the activations' type.
+        if kv in ("f32", "f16") and options.inference_precision != "f32":
+            # With bf16 activations the plugin keeps a float cache in bf16 whatever was asked
+            # (f32: "expect kvcache type bf16"; f16: a bf16 cache), which the pool cannot hold.
             raise SessionError(
-                "session_options.kv_cache_precision f32 needs inference_precision f32 (with "
-                f"{options.inference_precision} activations the cache is f16 or u8)"
+                f"session_options.kv_cache_precision {kv} needs inference_precision f32 (with "
+                f"{options.inference_precision} activations a float cache is kept in "
+                f"{options.inference_precision}; u8 works with either)"
             )
         for key in ("dynamic_quantization_group_size", "num_threads"):
             value = getattr(options, key)

@@ -109,12 +109,13 @@ class GraphWeights:
         raise SessionError(f"{name}: no RMSNormalization epsilon found in the graph")
 
     def entering_layers(self, output: str) -> list[int]:
-        """The layers whose entering residual streams the Concat `{output}/Concat` joins (an
-        EAGLE-3 target's `aux_hidden`): layer 0's is the embedding's Gather, layer i's the
-        previous layer's `layers.{i-1}/mlp_residual`."""
-        concat = self._ops.get(f"{output}/Concat")
-        if concat is None:
-            raise SessionError(f"the graph has no {output!r} output ({output}/Concat)")
+        """The layers whose entering residual streams the graph output `output` joins (an
+        EAGLE-3 target's `aux_hidden`, a Concat): layer 0's is the embedding's Gather, layer
+        i's the previous layer's `layers.{i-1}/mlp_residual`."""
+        produced = [r.input_value(0) for r in self._graph.get_results()]
+        concat = next((v.get_node() for v in produced if output in v.get_names()), None)
+        if concat is None or concat.get_type_name() != "Concat":
+            raise SessionError(f"the graph has no {output!r} output joining layers' streams")
         layers = []
         for value in concat.input_values():
             name = value.get_node().get_friendly_name()
