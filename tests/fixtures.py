@@ -176,19 +176,23 @@ def with_openvino(built: Path, out: Path, *, first: bool = False, **session_opti
     return root
 
 
-def openvino_artifact_of(tmp_path_factory, name: str, arch: str = "llama", **overrides) -> Path:
+def openvino_artifact_of(
+    tmp_path_factory, name: str, arch: str = "llama", recipe: dict | None = None, **overrides
+) -> Path:
     """A tiny artifact of `arch` with an exact onnxruntime engine (matmul_accuracy_level 0),
     blocks of 32 (the CPU plugin's), and an exact openvino engine after it
-    (fixtures.with_openvino): both compute exactly, so greedy tokens compare one for one."""
+    (fixtures.with_openvino): both compute exactly, so greedy tokens compare one for one.
+    `recipe`: recipe fields over write_recipe's; `overrides`: the checkpoint's config."""
     from ingot.pipeline.build import build
     from ingot.pipeline.cache import StageCache
 
     tmp = tmp_path_factory.mktemp(name)
-    recipe = write_recipe(
+    path = write_recipe(
         tmp / "r.yaml",
         make_checkpoint(tmp / "ckpt", arch, **overrides),
         kv_cache={"dtype": "fp32", "block_size": 32},
         targets=[{"engine": "onnxruntime", "device": "cpu", "matmul_accuracy_level": 0}],
+        **(recipe or {}),
     )
-    built = build(recipe, tmp / "art", cache=StageCache(tmp / "cache")).artifact
+    built = build(path, tmp / "art", cache=StageCache(tmp / "cache")).artifact
     return with_openvino(built, tmp / "both")

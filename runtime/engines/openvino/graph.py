@@ -21,7 +21,6 @@ are written in the pattern OpenVINO's RMSFusion turns into its RMS kernel.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,8 +36,6 @@ from ingot.runtime.engines.openvino.paged_attention import (
 from ingot.runtime.engines.openvino.weights import GraphWeights
 
 __all__ = ["ModelShape", "build_model"]
-
-_AXIS0 = np.int64(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +56,8 @@ class ModelShape:
         layer's: ModelInfo has one); `aux` reads the layers its aux_hidden output joins."""
         num_layers = sum(name.endswith(".attn_norm.weight") for name in w.names("layers."))
         hkv, d = w.pool_heads()
-        if w.has("layers.0.attn.qkv_proj.codes_t") or w.has("layers.0.attn.qkv_proj.weight_t"):
-            fused = "layers.0.attn.qkv_proj"
-            hq = _columns(w, fused) // d - 2 * hkv
+        if _has_linear(w, "layers.0.attn.qkv_proj"):  # fused: (Hq + 2 Hkv) * D columns
+            hq = _columns(w, "layers.0.attn.qkv_proj") // d - 2 * hkv
         else:
             hq = _columns(w, "layers.0.attn.q_proj") // d
         return cls(
@@ -75,7 +71,14 @@ class ModelShape:
         )
 
 
+def _has_linear(w: GraphWeights, name: str) -> bool:
+    """Whether the graph has linear `name` (its codes or float weight): q|k|v and gate|up are
+    one fused linear where the export could fuse them (one scheme), else their parts."""
+    return w.has(f"{name}.codes_t") or w.has(f"{name}.weight_t")
+
+
 def _columns(w: GraphWeights, name: str) -> int:
+    """Output width N of linear `name` (its [K, N] codes or weight)."""
     for suffix in (".codes_t", ".weight_t"):
         if w.has(name + suffix):
             return w.shape(name + suffix)[1]  # [K, N]
@@ -105,31 +108,6 @@ def _rope(x: ov.Output, heads: int, d: int, cos: ov.Output, sin: ov.Output) -> o
     return ops.reshape(ops.concat([first, second], -1), _ints([0, heads * d]), True).output(0)
 
 
-def _linears(w: GraphWeights, x: ov.Output, fused: str, parts: Sequence[str]) -> list[ov.Output]:
-    """The outputs of linears that read `x`: one fused linear split by its parts' widths where
-    the export fused them (`fused`), else each part's own (pipeline/export emit_linears)."""
-    prefix = fused.rsplit(".", 1)[0]
-    if not (w.has(f"{fused}.codes_t") or w.has(f"{fused}.weight_t")):
-        return [w.linear(x, f"{prefix}.{part}") for part in parts]
-    widths = [_columns_of_part(w, fused, part, len(parts)) for part in parts]
-    y = w.linear(x, fused)
-    split = ops.variadic_split(y, ops.constant(np.int64(-1)), _ints(widths))
-    return list(split.outputs())
-
-
-def _columns_of_part(w: GraphWeights, fused: str, part: str, count: int) -> int:
-    """A part's width in a fused linear: q|k|v from the heads (set by the caller through
-    `_PARTS`), gate|up halves."""
-    return _PARTS[(fused.rsplit(".", 1)[1], part)](w, fused, count)
-
-
-def _gate_up(w: GraphWeights, fused: str, count: int) -> int:
-    return _columns(w, fused) // count
-
-
-_PARTS: dict = {("gate_up_proj", "gate_proj"): _gate_up, ("gate_up_proj", "up_proj"): _gate_up}
-
-
 def _layer(
     w: GraphWeights,
     s: ModelShape,
@@ -143,7 +121,7 @@ def _layer(
     name, hq, hkv, d = f"layers.{i}", s.num_heads, s.num_kv_heads, s.head_dim
     h = _rms_norm(x, w.constant(f"{name}.attn_norm.weight"), s.rms_eps)
     attn = f"{name}.attn"
-    if w.has(f"{attn}.qkv_proj.codes_t") or w.has(f"{attn}.qkv_proj.weight_t"):
+    if _has_linear(w, f"{attn}.qkv_proj"):
         qkv = w.linear(h, f"{attn}.qkv_proj")  # [T, (Hq + 2 Hkv) * D]
         widths = _ints([hq * d, hkv * d, hkv * d])
         q, k, v = ops.variadic_split(qkv, ops.constant(np.int64(-1)), widths).outputs()
@@ -153,7 +131,12 @@ def _layer(
     ctx = paged_attention((q, k, v), caches, paged, (hkv, d), s.windows[i])  # [T, Hq*D]
     x = ops.add(x, w.linear(ctx, f"{attn}.o_proj")).output(0)
     h = _rms_norm(x, w.constant(f"{name}.mlp_norm.weight"), s.rms_eps)
-    gate, up = _linears(w, h, f"{name}.mlp.gate_up_proj", ["gate_proj", "up_proj"])
+    mlp = f"{name}.mlp"
+    if _has_linear(w, f"{mlp}.gate_up_proj"):
+        gate_up = w.linear(h, f"{mlp}.gate_up_proj")  # [T, 2 * ffn]
+        gate, up = ops.split(gate_up, ops.constant(np.int64(-1)), 2).outputs()
+    else:
+        gate, up = w.linear(h, f"{mlp}.gate_proj"), w.linear(h, f"{mlp}.up_proj")
     act = ops.multiply(ops.swish(gate), up)  # SiLU(gate) * up
     return ops.add(x, w.linear(act.output(0), f"{name}.mlp.down_proj")).output(0)
 
@@ -179,7 +162,7 @@ def build_model(w: GraphWeights, s: ModelShape, hidden: bool = False) -> ov.Mode
         )
         for i in range(s.num_layers)
     ]
-    axis0 = ops.constant(_AXIS0)
+    axis0 = ops.constant(np.int64(0))
     x = ops.gather(w.constant("embed_tokens.weight"), ids, axis0).output(0)  # [T, hidden]
     half = _ints([0, 1, s.head_dim // 2])  # [T, 1, D/2]: 0 keeps T (special_zero)
     cos = ops.reshape(ops.gather(w.constant("rope.cos_cache"), positions, axis0), half, True)
@@ -190,7 +173,7 @@ def build_model(w: GraphWeights, s: ModelShape, hidden: bool = False) -> ov.Mode
         x = _layer(w, s, i, x, (cos.output(0), sin.output(0)), caches[i], paged)
     picked = ops.gather(x, rows, axis0).output(0)  # [N, hidden]
     normed = _rms_norm(picked, w.constant("norm.weight"), s.rms_eps)  # [N, hidden]
-    if w.has("lm_head.codes_t") or w.has("lm_head.weight_t"):
+    if _has_linear(w, "lm_head"):
         logits = w.linear(normed, "lm_head")
     else:  # tied: the embedding [V, hidden], transposed in the MatMul
         logits = ops.matmul(normed, w.constant("embed_tokens.weight"), False, True).output(0)
