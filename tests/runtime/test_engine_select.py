@@ -1,3 +1,6 @@
+import subprocess
+import sys
+import textwrap
 from types import SimpleNamespace
 
 import pytest
@@ -97,3 +100,42 @@ def test_a_kind_without_a_runtime_plugin_is_skipped_on_this_host():
     engine, skipped = select_engine(manifest)  # this host: the libraries the kinds read
     assert engine.name == "ort"
     assert skipped == [f"trt: {NO_RUNTIME}"]
+
+
+def test_a_host_without_openvino_skips_its_engine_instead_of_failing_to_import(tmp_path):
+    # The base install has no openvino: selection imports every kind's plug-in to ask its
+    # `problems`, so the plug-in must import without it (a fresh interpreter, openvino hidden).
+    script = tmp_path / "pick_engine.py"  # not select.py: that would shadow the stdlib module
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+
+            class NoOpenVino:
+                def find_spec(self, name, path=None, target=None):
+                    if name.split(".")[0] == "openvino":
+                        raise ImportError("openvino hidden by the test")
+
+            sys.meta_path.insert(0, NoOpenVino())
+            from types import SimpleNamespace
+            from ingot.artifacts import EngineInfo
+            from ingot.runtime.engine_select import select_engine
+
+            def engine(name, kind, **requires):
+                return EngineInfo(name=name, engine=kind, device="cpu", path="model.onnx",
+                                  requires=requires)
+
+            manifest = SimpleNamespace(engines=[
+                engine("openvino-cpu", "openvino", openvino=">=2026.4,<2026.5"),
+                engine("onnxruntime-cpu", "onnxruntime"),
+            ])
+            chosen, skipped = select_engine(manifest)
+            print(chosen.name, "|", *skipped)
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "onnxruntime-cpu | openvino-cpu: openvino is not installed"

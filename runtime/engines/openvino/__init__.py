@@ -7,22 +7,25 @@ The record (the build half, pipeline/engines/openvino, writes it): ``path`` the 
 ``session_options`` the compile options (options.py). The pool: layout.py. The model: graph.py
 (weights.py, paged_attention.py); the session: session.py (feed.py); opening: load.py.
 
-Imports the runtime's engine interface, its batch and KV pool, ingot.artifacts, numpy and
-openvino; never onnx or torch (the runtime install has neither).
+Imports the runtime's engine interface, its batch and KV pool, ingot.artifacts and numpy; openvino
+only when a session opens (load.py and the modules it imports), so a host without it still
+reads `problems` ("openvino is not installed"); never onnx or torch.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ingot.artifacts import EngineInfo, GraphInfo
 from ingot.runtime.engines.base import HostInfo, SessionError, SessionSettings
 from ingot.runtime.engines.openvino.compat import problems
 from ingot.runtime.engines.openvino.layout import kv_layout
-from ingot.runtime.engines.openvino.load import open_session
 from ingot.runtime.engines.openvino.options import CompileOptions
-from ingot.runtime.engines.openvino.session import OpenVinoSession
 from ingot.runtime.kv_pool import KVLayout, KVPool
+
+if TYPE_CHECKING:
+    from ingot.runtime.engines.openvino.session import OpenVinoSession
 
 __all__ = ["PLUGIN", "OpenVinoEngine"]
 
@@ -50,6 +53,11 @@ class OpenVinoEngine:
         precision = _PRECISION_OF.get(pool.dtype.name)
         if precision is None:
             raise SessionError(f"a pool of {pool.dtype} is not an OpenVINO cache (layout.py)")
+        # Imported here: the session's modules import openvino, and selection imports every
+        # kind's plug-in to ask `problems` -- a host without openvino (the base install) must
+        # get "openvino is not installed" from it, not an ImportError.
+        from ingot.runtime.engines.openvino.load import open_session
+
         return open_session(path, options, precision, pool, settings)
 
 
