@@ -123,6 +123,12 @@ _SERVE_OPTIONS = (
         help=SPECULATIVE_HELP,
     ),  # fmt: skip
     click.option(
+        "--engine",
+        default=None,
+        help="The artifact's engine to run, by name (openvino-cpu) or kind (openvino). "
+        "[default: the first one this host runs, in the recipe's targets order]",
+    ),  # fmt: skip
+    click.option(
         "--max-tokenize-tokens",
         default=None,
         type=click.IntRange(min=1),
@@ -171,6 +177,7 @@ def serve(
     from ingot.artifacts import ArtifactError, read_manifest
     from ingot.artifacts.resolve import resolve_artifact
     from ingot.artifacts.signing import check_signature
+    from ingot.runtime.engine_select import EngineUnavailable, select_engine
     from ingot.runtime.kv_pool import KVCacheAllocationFailed, KVCacheTooSmall
     from ingot.runtime.memory import format_bytes
     from ingot.runtime.server.launch import ForcedShutdown, ServeOptions, run_server
@@ -189,6 +196,11 @@ def serve(
         resolve_config(manifest, options["speculative_config"])
     except ValueError as e:
         raise UserError(f"--speculative-config: {e}") from e
+    if options["engine"] is not None:
+        try:  # before the server starts, as the speculative config
+            select_engine(manifest, requested=options["engine"])
+        except EngineUnavailable as e:
+            raise UserError(f"--engine: {e}") from e
     # The other options carry ServeOptions' field names; click has checked their values.
     verify_key_file = Path(verify_key) if verify_key else None  # checked again at load
     serve_options = ServeOptions(**options, verify_key=verify_key_file, chat_template=template)

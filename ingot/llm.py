@@ -72,6 +72,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         speculative_config: dict[str, Any] | bool | None = None,
         chat_template: str | Path | None = None,
+        engine: str | None = None,
     ) -> None:
         """`kv_cache_memory`: bytes of KV cache (keys and values of every layer); None sizes it
         from available memory (half of it, at most `max_num_seqs` sequences of max_seq_len).
@@ -82,7 +83,10 @@ class LLM:
         `chat_template`: the Jinja chat template `chat` renders, instead of the artifact's (or
         where it has none): the template's text, or a file holding it (a Path, or a str naming
         an existing file, as vLLM's --chat-template); a template that does not compile raises
-        ChatTemplateError."""
+        ChatTemplateError.
+        `engine`: the artifact's engine to run, by name ("openvino-cpu") or kind ("openvino"),
+        instead of the first one this host runs in the artifact's recorded order; an engine it
+        does not have, or one that cannot run here, raises EngineUnavailable."""
         template = None if chat_template is None else load_chat_template(chat_template)
         try:
             self.model = LoadedModel.load(
@@ -93,6 +97,7 @@ class LLM:
                 max_num_batched_tokens=max_num_batched_tokens,
                 enable_prefix_caching=enable_prefix_caching,
                 speculative_config=speculative_config,
+                engine=engine,
             )
         except KVCacheTooSmall as e:  # in this API's words: kv_cache_memory, not pool blocks
             raise e.worded("kv_cache_memory", f"kv_cache_memory={kv_cache_memory}") from e

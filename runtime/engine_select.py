@@ -1,4 +1,10 @@
-"""Pick the first engine of a manifest this host can run, and say why the others were skipped.
+"""Pick the engine of a manifest this host runs, and say why the others were skipped.
+
+Without a request, the first engine in the manifest's order this host can run: the order is
+the recipe's `targets` order, the recorded preference. With one (`ingot serve --engine`,
+`LLM(engine=...)`), the engine of that name, or the first compatible one of that kind; an
+unknown name or one that cannot run here is an `EngineUnavailable` naming the engines the
+artifact has and why the asked one cannot run.
 
 Each engine's kind is judged by its runtime plug-in (`ENGINE_RUNTIMES`: its `problems` with
 the record's ``requires`` against the host); a kind this runtime has no plug-in for is skipped,
@@ -12,7 +18,7 @@ from ingot.common.errors import IngotError
 from ingot.runtime.engines import ENGINE_RUNTIMES
 from ingot.runtime.engines.base import HostInfo
 
-__all__ = ["HostInfo", "NoCompatibleEngine", "select_engine"]
+__all__ = ["EngineUnavailable", "HostInfo", "NoCompatibleEngine", "select_engine"]
 
 
 class NoCompatibleEngine(IngotError, RuntimeError):
@@ -24,20 +30,44 @@ class NoCompatibleEngine(IngotError, RuntimeError):
         self.reasons = reasons
 
 
-def select_engine(manifest: Manifest, host: HostInfo | None = None) -> tuple[EngineInfo, list[str]]:
-    """The first engine in `manifest.engines` this host can run, and one line per skipped one.
+class EngineUnavailable(IngotError, ValueError):
+    """The engine asked for by name or kind is not in the artifact, or cannot run here."""
+
+
+def select_engine(
+    manifest: Manifest, host: HostInfo | None = None, requested: str | None = None
+) -> tuple[EngineInfo, list[str]]:
+    """The engine to run (module docstring), and one line per engine skipped before it.
     Without `host`, this host, with the versions of the libraries the engines' kinds read."""
-    kinds = [e.engine for e in manifest.engines if e.engine in ENGINE_RUNTIMES]
     if host is None:
+        kinds = [e.engine for e in manifest.engines if e.engine in ENGINE_RUNTIMES]
         libraries = (lib for kind in kinds for lib in ENGINE_RUNTIMES.get(kind).libraries)
         host = HostInfo.detect(tuple(dict.fromkeys(libraries)))
+    candidates = manifest.engines
+    if requested is not None:
+        candidates = [e for e in manifest.engines if requested in (e.name, e.engine)]
+        if not candidates:
+            raise EngineUnavailable(
+                f"engine {requested!r}: this artifact has no engine of that name or kind "
+                f"(it has: {_listed(manifest.engines)})"
+            )
     skipped: dict[str, list[str]] = {}
-    for engine in manifest.engines:
+    for engine in candidates:
         problems = _problems(engine, host)
         if not problems:
             return engine, [f"{name}: {'; '.join(why)}" for name, why in skipped.items()]
         skipped[engine.name] = problems
+    if requested is not None:
+        why = "; ".join(f"{name}: {'; '.join(reasons)}" for name, reasons in skipped.items())
+        raise EngineUnavailable(
+            f"engine {requested!r} cannot run on this host ({why}); this artifact has: "
+            f"{_listed(manifest.engines)}"
+        )
     raise NoCompatibleEngine(skipped)
+
+
+def _listed(engines: list[EngineInfo]) -> str:
+    return ", ".join(f"{e.name} ({e.engine})" for e in engines)
 
 
 def _problems(engine: EngineInfo, host: HostInfo) -> list[str]:

@@ -25,6 +25,7 @@ from ingot.runtime.prefix_cache import PrefixCache
 
 __all__ = [
     "BlockAllocator",
+    "BlockShapes",
     "BlockTable",
     "KVCacheAllocationFailed",
     "KVCacheTooSmall",
@@ -195,6 +196,10 @@ class BlockTable:
         self.generation += 1
 
 
+# The shape of one block of K and of V when an engine's blocks are not [B, Hkv, D] (KVLayout).
+BlockShapes = tuple[tuple[int, ...], tuple[int, ...]]
+
+
 def _zero_filled(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     array = np.empty(shape, dtype)
     array.fill(0)
@@ -210,29 +215,38 @@ def slots_of(block_ids: list[int], block_size: int, positions: np.ndarray) -> np
 @dataclass(frozen=True, slots=True)
 class KVLayout:
     """The pool an engine's session reads, but for its number of blocks: per layer, K and V
-    arrays [blocks + 1, block_size, num_kv_heads, head_dim] of `dtype`. An engine's runtime
-    plug-in declares it (`EngineRuntime.kv_layout`); the pool is built from it."""
+    arrays [blocks + 1, block_size, num_kv_heads, head_dim] of `dtype`, or, with
+    `block_shapes`, [blocks + 1, *k_block] and [blocks + 1, *v_block]: an engine whose cache
+    blocks have a form of their own (OpenVINO's: head-major, an 8-bit cache with its scales and
+    zero points inside each block). An engine's runtime plug-in declares it
+    (`EngineRuntime.kv_layout`); the pool is built from it."""
 
     num_layers: int
     block_size: int
     num_kv_heads: int
     head_dim: int
     dtype: np.dtype
+    block_shapes: BlockShapes | None = None
 
     @property
     def bytes_per_block(self) -> int:
         shape = (self.num_layers, self.block_size, self.num_kv_heads, self.head_dim)
-        return KVPool.bytes_per_block(*shape, self.dtype)
+        return KVPool.bytes_per_block(*shape, self.dtype, block_shapes=self.block_shapes)
 
     def pool(self, num_blocks: int) -> KVPool:
         """A pool of `num_blocks` blocks (plus the scratch block) in this layout."""
         shape = (self.block_size, self.num_kv_heads, self.head_dim)
-        return KVPool(self.num_layers, num_blocks, *shape, self.dtype)
+        return KVPool(
+            self.num_layers, num_blocks, *shape, self.dtype, block_shapes=self.block_shapes
+        )
 
 
 class KVPool:
     """Per-layer key and value arrays [NB + 1, B, Hkv, D], shared by every sequence: NB blocks
     the allocator hands out, then the scratch block (`scratch_block`) padded rows write into.
+    With `block_shapes` (k_block, v_block) the arrays are [NB + 1, *k_block] and
+    [NB + 1, *v_block]: blocks in an engine's own form, which only its graph reads or writes
+    (`write` refuses them).
 
     The arrays are allocated once and only ever written in place, so an engine session can
     bind them without copying and see every write.
@@ -248,25 +262,32 @@ class KVPool:
         num_kv_heads: int,
         head_dim: int,
         dtype: np.dtype | type = np.float32,
+        *,
+        block_shapes: BlockShapes | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        shape = (num_blocks + 1, block_size, num_kv_heads, head_dim)  # + the scratch block
+        block = (block_size, num_kv_heads, head_dim)
+        k_block, v_block = block_shapes or (block, block)
         # zeros, not empty: masked slots still go through the attention matmul, and garbage
         # (NaN) there would poison the output even with a zero weight.
         # Zero-filled by writing, not np.zeros' lazily mapped pages: otherwise the first write
         # to every page faults inside a decode step (tens of µs per step of a fresh server),
         # and the resident size would creep up instead of being what the log line says.
+        k_shape, v_shape = (num_blocks + 1, *k_block), (num_blocks + 1, *v_block)  # + scratch
         try:
-            self.k = [_zero_filled(shape, dtype) for _ in range(num_layers)]
-            self.v = [_zero_filled(shape, dtype) for _ in range(num_layers)]
+            self.k = [_zero_filled(k_shape, dtype) for _ in range(num_layers)]
+            self.v = [_zero_filled(v_shape, dtype) for _ in range(num_layers)]
         except MemoryError as e:
-            nbytes = 2 * num_layers * int(np.prod(shape)) * np.dtype(dtype).itemsize
-            raise KVCacheAllocationFailed(nbytes) from e
+            elements = int(np.prod(k_shape)) + int(np.prod(v_shape))
+            raise KVCacheAllocationFailed(num_layers * elements * np.dtype(dtype).itemsize) from e
         # Reshapes of contiguous arrays are views: writing through them writes the pool.
-        # [NB*B, Hkv*D] views: a slot is one row, whatever shape the new K/V come in.
-        self._k_flat = [a.reshape((num_blocks + 1) * block_size, -1) for a in self.k]
-        self._v_flat = [a.reshape((num_blocks + 1) * block_size, -1) for a in self.v]
+        # [NB*B, Hkv*D] views: a slot is one row, whatever shape the new K/V come in. Blocks
+        # in an engine's own form have no such rows: only its graph writes them.
+        rows = (num_blocks + 1) * block_size
+        own_form = block_shapes is not None
+        self._k_flat = None if own_form else [a.reshape(rows, -1) for a in self.k]
+        self._v_flat = None if own_form else [a.reshape(rows, -1) for a in self.v]
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
         # One per pool: every generator on this pool must see the same cached blocks.
@@ -279,10 +300,15 @@ class KVPool:
         num_kv_heads: int,
         head_dim: int,
         dtype: np.dtype | type = np.float32,
+        *,
+        block_shapes: BlockShapes | None = None,
     ) -> int:
         """Bytes one block takes across all layers, keys and values (a pool of n blocks holds
         n + 1: the scratch block)."""
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * np.dtype(dtype).itemsize
+        block = (block_size, num_kv_heads, head_dim)
+        k_block, v_block = block_shapes or (block, block)
+        elements = int(np.prod(k_block)) + int(np.prod(v_block))
+        return num_layers * elements * np.dtype(dtype).itemsize
 
     @classmethod
     def from_budget(
@@ -338,6 +364,8 @@ class KVPool:
     def write(self, slots: np.ndarray, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Scatter k, v [n, Hkv*D] (or [n, Hkv, D]) into `slots` [n] of `layer` (cast to the
         pool dtype)."""
+        if self._k_flat is None:
+            raise ValueError("a pool of blocks in an engine's own form is written by its graph")
         if k.ndim != 2:
             k, v = k.reshape(len(slots), -1), v.reshape(len(slots), -1)
         self._k_flat[layer][slots] = k

@@ -28,11 +28,14 @@ __all__ = ["DrafterFiles", "EngineFiles", "OpenedEngine", "open_engine"]
 @dataclass(frozen=True, slots=True)
 class EngineFiles:
     """One engine as the runtime opens it: the graph interface it was built from (the
-    manifest's `graph`, the export's graph.json), its record and its file."""
+    manifest's `graph`, the export's graph.json), its record and its file, and the model's
+    attention window (its `ModelInfo.sliding_window`: an engine that applies it in its graph
+    is told it; ONNX Runtime's graphs take it from the mask)."""
 
     graph: GraphInfo
     engine: EngineInfo
     path: Path
+    sliding_window: int | None = None
 
     def kv_layout(self) -> KVLayout:
         """The pool its session reads, as its engine kind's runtime plug-in declares it."""
@@ -90,6 +93,7 @@ def open_engine(
         aux=drafter.eagle is not None,
         spinning=spinning,
         profile_file_prefix=profile_file_prefix,
+        sliding_window=target.sliding_window,
     )
     session = runtime.open(target.path, target.engine, pool, settings)
     opened = OpenedEngine(pool, session)
@@ -114,7 +118,8 @@ def _open_draft(files: EngineFiles, pool: KVPool, target: EngineRunner) -> Draft
         )
     draft_pool = layout.pool(pool.num_blocks)
     runtime = ENGINE_RUNTIMES.get(files.engine.engine)
-    session = runtime.open(files.path, files.engine, draft_pool, SessionSettings(drafting=True))
+    settings = SessionSettings(drafting=True, sliding_window=files.sliding_window)
+    session = runtime.open(files.path, files.engine, draft_pool, settings)
     if session.writes_pool != target.writes_pool:
         # The draft runs the target's prefill batches (DraftModelDrafter.observe).
         raise ValueError(

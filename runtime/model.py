@@ -70,6 +70,7 @@ class LoadedModel:
         profile_file_prefix: str | None = None,
         speculative_config: dict[str, Any] | bool | None = None,
         spinning: bool = True,
+        engine: str | None = None,
     ) -> LoadedModel:
         """Verify the artifact at `path` (a directory or an `oci://` reference, pulled into the
         local store first), then load it.
@@ -93,6 +94,10 @@ class LoadedModel:
         Runtime's threads sleep between calls instead of spinning, each on a core, while they
         wait (benchmarks/serve_overhead.py compares the two under `ingot serve`).
 
+        `engine`: run the artifact's engine of that name ("openvino-cpu") or the first
+        compatible one of that kind ("openvino") instead of the first compatible one in the
+        manifest's order (the recipe's preference); EngineUnavailable if there is none.
+
         `speculative_config` (vLLM's keys: method, num_speculative_tokens, prompt_lookup_min,
         prompt_lookup_max, and ingot's disable_by_batch_size, min_acceptance_rate,
         backoff_steps): None speculates as the artifact's recipe said (if it did), False turns
@@ -104,10 +109,11 @@ class LoadedModel:
         pool of as many blocks as the target's, which the budget pays for too.
         """
         root, manifest = _verified(path, verify_key, require_signature)
-        engine = _selected_engine(manifest)
+        selected = _selected_engine(manifest, engine)
         speculative = resolve_config(manifest, speculative_config)
-        target = EngineFiles(manifest.graph, engine, safe_relative_path(root, engine.path))
-        drafter = drafter_files(root, manifest, engine.name, speculative)
+        path = safe_relative_path(root, selected.path)
+        target = EngineFiles(manifest.graph, selected, path, manifest.model.sliding_window)
+        drafter = drafter_files(root, manifest, selected.name, speculative)
         sizing = _PoolSizing(max_num_seqs, enable_prefix_caching, manifest.model.max_seq_len)
         blocks, sized = _pool_blocks(
             manifest, target, drafter, kv_cache_blocks, kv_cache_bytes, sizing
@@ -120,7 +126,7 @@ class LoadedModel:
         return cls(
             root,
             manifest,
-            engine,
+            selected,
             tokenizer,
             opened.pool,
             opened.session,
@@ -166,8 +172,8 @@ def _verified(
     return root, verify_artifact(root)
 
 
-def _selected_engine(manifest: Manifest) -> EngineInfo:
-    engine, skipped = select_engine(manifest)
+def _selected_engine(manifest: Manifest, requested: str | None) -> EngineInfo:
+    engine, skipped = select_engine(manifest, requested=requested)
     log.info("engine %s (%s on %s) selected", engine.name, engine.engine, engine.device)
     for reason in skipped:
         log.info("engine skipped: %s", reason)
@@ -188,7 +194,8 @@ def drafter_files(
             )
         engine = engines[engine_name]
         path = safe_relative_path(root, engine.path)
-        return DrafterFiles(draft=EngineFiles(spec.draft.graph, engine, path))
+        window = spec.draft.model.sliding_window
+        return DrafterFiles(draft=EngineFiles(spec.draft.graph, engine, path, window))
     if method == "medusa":
         return DrafterFiles(heads=safe_relative_path(root, spec.heads.path))
     if method == "eagle":

@@ -130,3 +130,69 @@ def write_files(root: Path, files: dict[str, bytes]) -> Path:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
     return root
+
+
+# f32 activations, no dynamic quantization: OpenVINO computing as exactly as ONNX Runtime's
+# matmul_accuracy_level 0, so greedy tokens can be compared one for one.
+EXACT_OPENVINO = {
+    "inference_precision": "f32",
+    "dynamic_quantization_group_size": 0,
+    "num_threads": 0,
+}
+_KV_PRECISIONS = {"fp32": "f32", "fp16": "f16", "int8": "u8"}
+
+
+def openvino_record(graph: dict, **session_options) -> dict:
+    """The record the build half writes for a graph interface `graph` (the manifest's)."""
+    options = {
+        **EXACT_OPENVINO,
+        "kv_cache_precision": _KV_PRECISIONS[graph["kv_dtype"]],
+        **session_options,
+    }
+    return {
+        "name": "openvino-cpu",
+        "engine": "openvino",
+        "device": "cpu",
+        "path": graph["path"],
+        "requires": {"openvino": ">=2026.4,<2026.5", "cpu_isa": []},
+        "session_options": options,
+    }
+
+
+def with_openvino(built: Path, out: Path, *, first: bool = False, **session_options) -> Path:
+    """A copy of the artifact `built` at `out` whose manifest also lists an openvino-cpu
+    engine (the record the build half writes: its path is the portable graph, so the runtime
+    needs no file of its own), re-written unsigned: after its engines, or before them with
+    `first` (the recorded preference)."""
+    import shutil
+
+    from ingot.artifacts import read_manifest, write_manifest
+
+    root = Path(shutil.copytree(built, out))
+    fields = read_manifest(root).model_dump(mode="json", exclude={"files"})
+    record = openvino_record(fields["graph"], **session_options)
+    engines = [record, *fields["engines"]] if first else [*fields["engines"], record]
+    write_manifest(root, {**fields, "engines": engines})
+    return root
+
+
+def openvino_artifact_of(
+    tmp_path_factory, name: str, arch: str = "llama", recipe: dict | None = None, **overrides
+) -> Path:
+    """A tiny artifact of `arch` with an exact onnxruntime engine (matmul_accuracy_level 0),
+    blocks of 32 (the CPU plugin's), and an exact openvino engine after it
+    (fixtures.with_openvino): both compute exactly, so greedy tokens compare one for one.
+    `recipe`: recipe fields over write_recipe's; `overrides`: the checkpoint's config."""
+    from ingot.pipeline.build import build
+    from ingot.pipeline.cache import StageCache
+
+    tmp = tmp_path_factory.mktemp(name)
+    path = write_recipe(
+        tmp / "r.yaml",
+        make_checkpoint(tmp / "ckpt", arch, **overrides),
+        kv_cache={"dtype": "fp32", "block_size": 32},
+        targets=[{"engine": "onnxruntime", "device": "cpu", "matmul_accuracy_level": 0}],
+        **(recipe or {}),
+    )
+    built = build(path, tmp / "art", cache=StageCache(tmp / "cache")).artifact
+    return with_openvino(built, tmp / "both")

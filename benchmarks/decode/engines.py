@@ -95,8 +95,9 @@ def open_ingot(
 ):
     """A Generator over the artifact for `batch` sequences at once; `batched_tokens` is the
     step's token budget (big enough that every prompt of the batch is prefilled in one step).
-    Prefix caching is off: repeated runs of one prompt must compute it again. `engine` names
-    the artifact's engine to run (None: the runtime's own pick). The pool holds `batch`
+    Prefix caching is off: repeated runs of one prompt must compute it again. `engine`: the
+    artifact's engine by name or kind (None: the first this host runs, as `ingot serve`). The
+    pool holds `batch`
     sequences of `ctx_per_seq` tokens (at least one of max_seq_len, as the runtime insists),
     or, without `ctx_per_seq`, is sized automatically."""
     from ingot.runtime import LoadedModel
@@ -107,14 +108,13 @@ def open_ingot(
         max_seq_len = manifest["model"]["max_seq_len"]
         blocks = pool_blocks(batch, ctx_per_seq, max_seq_len, manifest["graph"]["kv_block_size"])
         sizing = {"kv_cache_blocks": blocks}
-    if engine is not None:  # only where asked: a runtime without the override still loads
-        sizing["engine"] = engine
     model = LoadedModel.load(
         artifact,
         max_num_seqs=batch,
         max_num_batched_tokens=max(2048, batched_tokens),
         enable_prefix_caching=False,
         profile_file_prefix=profile_file_prefix,
+        engine=engine,
         **sizing,
     )
     return model, model.generator()

@@ -16,6 +16,9 @@ __all__ = ["ENGINE_RUNTIMES"]
 
 ENGINE_RUNTIMES: Registry[EngineRuntime] = Registry(
     "engine",
-    {"onnxruntime": "ingot.runtime.engines.onnxruntime"},
+    {
+        "onnxruntime": "ingot.runtime.engines.onnxruntime",
+        "openvino": "ingot.runtime.engines.openvino",
+    },
     group="ingot.engine_runtimes",
 )

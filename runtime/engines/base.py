@@ -119,6 +119,9 @@ class SessionSettings:
     # A draft model's session beside the target's: kept small (ORT: one thread, no spinning).
     drafting: bool = False
     spinning: bool = True  # False: the engine's threads sleep between calls
+    # The model's attention window (ModelInfo.sliding_window), for an engine whose graph
+    # applies it itself (OpenVINO's PagedAttention); ONNX Runtime's graphs read it from the mask.
+    sliding_window: int | None = None
     profile_file_prefix: str | None = None  # the engine's own profiler, where it has one
 
 

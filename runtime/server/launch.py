@@ -61,6 +61,7 @@ class ServeOptions:
     speculative_config: dict[str, Any] | bool | None = None
     max_tokenize_tokens: int | None = None  # /tokenize's limit; None: the model's max_seq_len
     keep_alive_timeout: float = 5.0  # seconds an idle connection stays open (uvicorn's, vLLM's)
+    engine: str | None = None  # the artifact's engine by name or kind; None: its preference
     request_read_timeout: float = DEFAULT_READ_TIMEOUT_S  # + 1 s per 500 bytes received
 
 
@@ -85,6 +86,7 @@ def load_served_model(
     speculative_config: dict[str, Any] | bool | None = None,
     spinning: bool = True,
     max_tokenize_tokens: int | None = None,
+    engine: str | None = None,
 ) -> ServedModel:
     """Verify and load `artifact` (LoadedModel.load logs the engine and the KV pool size);
     `kv_cache_bytes=None` sizes the KV cache from available memory; /tokenize refuses more
@@ -99,6 +101,7 @@ def load_served_model(
         chat_template=chat_template,
         speculative_config=speculative_config,
         spinning=spinning,
+        engine=engine,
     )
     info = loaded.manifest.model
     return ServedModel(
@@ -128,6 +131,7 @@ def run_server(artifact: Path | str, model_name: str, options: ServeOptions) -> 
         chat_template=options.chat_template,
         speculative_config=options.speculative_config,
         max_tokenize_tokens=options.max_tokenize_tokens,
+        engine=options.engine,
     )
     llm = AsyncLLM(
         load,

@@ -8,7 +8,7 @@ from ingot.runtime.engines.base import version_satisfies
 
 HOST = HostInfo(frozenset({"sse4_2", "avx2", "fma"}), {"onnxruntime": "1.31.1"})
 # A kind the manifest format knows but no runtime plug-in runs (runtime/engines/).
-NO_RUNTIME = "this runtime cannot run tensorrt engines (it runs: onnxruntime)"
+NO_RUNTIME = "this runtime cannot run tensorrt engines (it runs: onnxruntime, openvino)"
 
 
 def _engine(name, engine="onnxruntime", device="cpu", **requires):

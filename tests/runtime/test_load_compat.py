@@ -49,7 +49,8 @@ def test_only_a_tensorrt_engine_is_no_compatible_engine(built, tmp_path):
     }
     root = with_engines(built, tmp_path, [trt], {trt["path"]: b"not really a plan"})
     assert json.loads((root / "manifest.json").read_text())["engines"][0]["requires"] == requires
-    reason = r"tensorrt-cuda: this runtime cannot run tensorrt engines \(it runs: onnxruntime\)"
+    runs = r"\(it runs: onnxruntime, openvino\)"
+    reason = rf"tensorrt-cuda: this runtime cannot run tensorrt engines {runs}"
     with pytest.raises(NoCompatibleEngine, match=reason) as e:
         LoadedModel.load(root)
     assert list(e.value.reasons) == ["tensorrt-cuda"]

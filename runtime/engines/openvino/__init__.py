@@ -1,0 +1,56 @@
+"""The OpenVINO CPU engine's runtime half: ingot's decoder rebuilt at load from the artifact's
+portable graph (its weights, as exported) around OpenVINO's PagedAttention, which reads and
+writes ingot's KV pool in place through ingot's block tables.
+
+The record (the build half, pipeline/engines/openvino, writes it): ``path`` the portable graph
+(model.onnx), ``requires`` {"openvino": a version spec, "cpu_isa": [...]} (compat.py),
+``session_options`` the compile options (options.py). The pool: layout.py. The model: graph.py
+(weights.py, paged_attention.py); the session: session.py (feed.py); opening: load.py.
+
+Imports the runtime's engine interface, its batch and KV pool, ingot.artifacts, numpy and
+openvino; never onnx or torch (the runtime install has neither).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ingot.artifacts import EngineInfo, GraphInfo
+from ingot.runtime.engines.base import HostInfo, SessionError, SessionSettings
+from ingot.runtime.engines.openvino.compat import problems
+from ingot.runtime.engines.openvino.layout import kv_layout
+from ingot.runtime.engines.openvino.load import open_session
+from ingot.runtime.engines.openvino.options import CompileOptions
+from ingot.runtime.engines.openvino.session import OpenVinoSession
+from ingot.runtime.kv_pool import KVLayout, KVPool
+
+__all__ = ["PLUGIN", "OpenVinoEngine"]
+
+# The pool's numpy dtype -> the cache precision it holds (layout.CACHE_DTYPES reversed).
+_PRECISION_OF = {"float32": "f32", "float16": "f16", "uint8": "u8"}
+
+
+class OpenVinoEngine:
+    """`EngineRuntime` for ``engines[].engine == "openvino"``."""
+
+    kind = "openvino"
+    libraries = ("openvino",)
+
+    def problems(self, engine: EngineInfo, host: HostInfo) -> list[str]:
+        return problems(engine, host)
+
+    def kv_layout(self, graph: GraphInfo, engine: EngineInfo) -> KVLayout:
+        options = CompileOptions.parse(engine.session_options)
+        return kv_layout(graph, options.kv_precision(graph.kv_dtype))
+
+    def open(
+        self, path: Path, engine: EngineInfo, pool: KVPool, settings: SessionSettings
+    ) -> OpenVinoSession:
+        options = CompileOptions.parse(engine.session_options)
+        precision = _PRECISION_OF.get(pool.dtype.name)
+        if precision is None:
+            raise SessionError(f"a pool of {pool.dtype} is not an OpenVINO cache (layout.py)")
+        return open_session(path, options, precision, pool, settings)
+
+
+PLUGIN = OpenVinoEngine()

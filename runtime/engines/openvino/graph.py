@@ -1,0 +1,187 @@
+"""ingot's decoder as an OpenVINO model over PagedAttention, rebuilt from its exported graph.
+
+The model (T = the call's new tokens packed sequence by sequence, no padding; N = the rows
+whose logits the call wants):
+
+    inputs   input_ids [T] i64, positions [T] i64, logits_indices [N] i64 (rows of the T),
+             past_lens, subsequence_begins, block_indices, block_indices_begins,
+             max_context_len (paged_attention.PagedParams), key_cache.{l}, value_cache.{l}
+             (the plugin's layout: layout.py)
+    outputs  logits [N, V] f32; on request hidden [N, hidden] (the final norm's output of
+             those rows, what logits come from: the exported graph's `hidden`) and aux_hidden
+             [T, len(aux) * hidden] (the residual streams entering the `aux` layers: its
+             `aux_hidden`, packed)
+
+The layer is the exported graph's (pipeline/export/decoder.py): RMSNorm, the q|k|v linear(s)
+with their biases, rotate-half RoPE from the graph's own cos / sin tables by position, paged
+attention (the model's window where it has one), o_proj + residual, RMSNorm, gate|up, SiLU(gate)
+* up, down_proj + residual; the final norm and lm_head for the `logits_indices` rows only. Norms
+are written in the pattern OpenVINO's RMSFusion turns into its RMS kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import openvino as ov
+import openvino.opset16 as ops
+
+from ingot.runtime.engines.base import SessionError
+from ingot.runtime.engines.openvino.paged_attention import (
+    PagedParams,
+    paged_attention,
+    paged_params,
+)
+from ingot.runtime.engines.openvino.weights import GraphWeights
+
+__all__ = ["ModelShape", "build_model"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What the rebuild reads off the exported graph (`of`) and the loader (the windows)."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float
+    windows: tuple[int, ...]  # per layer, 0: attends to the whole context
+    aux_layers: tuple[int, ...] = ()  # layers whose entering streams aux_hidden joins
+
+    @classmethod
+    def of(cls, w: GraphWeights, sliding_window: int | None, aux: bool) -> ModelShape:
+        """The shape of the graph `w` was read from; `sliding_window` the model's (every
+        layer's: ModelInfo has one); `aux` reads the layers its aux_hidden output joins."""
+        num_layers = sum(name.endswith(".attn_norm.weight") for name in w.names("layers."))
+        hkv, d = w.pool_heads()
+        if _has_linear(w, "layers.0.attn.qkv_proj"):  # fused: (Hq + 2 Hkv) * D columns
+            hq = _columns(w, "layers.0.attn.qkv_proj") // d - 2 * hkv
+        else:
+            hq = _columns(w, "layers.0.attn.q_proj") // d
+        return cls(
+            num_layers=num_layers,
+            num_heads=hq,
+            num_kv_heads=hkv,
+            head_dim=d,
+            rms_eps=w.norm_epsilon("layers.0.attn_norm"),
+            windows=(sliding_window or 0,) * num_layers,
+            aux_layers=tuple(w.entering_layers("aux_hidden")) if aux else (),
+        )
+
+
+def _has_linear(w: GraphWeights, name: str) -> bool:
+    """Whether the graph has linear `name` (its codes or float weight): q|k|v and gate|up are
+    one fused linear where the export could fuse them (one scheme), else their parts."""
+    return w.has(f"{name}.codes_t") or w.has(f"{name}.weight_t")
+
+
+def _columns(w: GraphWeights, name: str) -> int:
+    """Output width N of linear `name` (its [K, N] codes or weight)."""
+    for suffix in (".codes_t", ".weight_t"):
+        if w.has(name + suffix):
+            return w.shape(name + suffix)[1]  # [K, N]
+    raise SessionError(f"the graph has no weights for {name} (.codes_t or .weight_t)")
+
+
+def _ints(values: list[int]) -> ov.Node:
+    return ops.constant(np.array(values, np.int64))
+
+
+def _rms_norm(x: ov.Output, weight: ov.Node, eps: float) -> ov.Output:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
+    square = ops.power(x, ops.constant(np.float32(2.0)))
+    mean = ops.reduce_mean(square, _ints([-1]), True)
+    root = ops.sqrt(ops.add(mean, ops.constant(np.float32(eps))))
+    inverse = ops.divide(ops.constant(np.float32(1.0)), root)
+    return ops.multiply(ops.multiply(x, inverse), weight).output(0)
+
+
+def _rope(x: ov.Output, heads: int, d: int, cos: ov.Output, sin: ov.Output) -> ov.Output:
+    """Rotate-half RoPE (ONNX RotaryEmbedding, interleaved 0): x [T, H*D], cos / sin
+    [T, 1, D/2] -> [T, H*D]."""
+    x = ops.reshape(x, _ints([0, heads, d]), True)  # [T, H, D]
+    x1, x2 = ops.split(x, ops.constant(np.int64(-1)), 2).outputs()  # [T, H, D/2] each
+    first = ops.subtract(ops.multiply(x1, cos), ops.multiply(x2, sin))
+    second = ops.add(ops.multiply(x2, cos), ops.multiply(x1, sin))
+    return ops.reshape(ops.concat([first, second], -1), _ints([0, heads * d]), True).output(0)
+
+
+def _layer(
+    w: GraphWeights,
+    s: ModelShape,
+    i: int,
+    x: ov.Output,
+    rope: tuple[ov.Output, ov.Output],
+    caches: tuple[ov.Node, ov.Node],
+    paged: PagedParams,
+) -> ov.Output:
+    """Decoder layer i: x [T, hidden] -> [T, hidden]."""
+    name, hq, hkv, d = f"layers.{i}", s.num_heads, s.num_kv_heads, s.head_dim
+    h = _rms_norm(x, w.constant(f"{name}.attn_norm.weight"), s.rms_eps)
+    attn = f"{name}.attn"
+    if _has_linear(w, f"{attn}.qkv_proj"):
+        qkv = w.linear(h, f"{attn}.qkv_proj")  # [T, (Hq + 2 Hkv) * D]
+        widths = _ints([hq * d, hkv * d, hkv * d])
+        q, k, v = ops.variadic_split(qkv, ops.constant(np.int64(-1)), widths).outputs()
+    else:
+        q, k, v = (w.linear(h, f"{attn}.{p}_proj") for p in "qkv")
+    q, k = _rope(q, hq, d, *rope), _rope(k, hkv, d, *rope)
+    ctx = paged_attention((q, k, v), caches, paged, (hkv, d), s.windows[i])  # [T, Hq*D]
+    x = ops.add(x, w.linear(ctx, f"{attn}.o_proj")).output(0)
+    h = _rms_norm(x, w.constant(f"{name}.mlp_norm.weight"), s.rms_eps)
+    mlp = f"{name}.mlp"
+    if _has_linear(w, f"{mlp}.gate_up_proj"):
+        gate_up = w.linear(h, f"{mlp}.gate_up_proj")  # [T, 2 * ffn]
+        gate, up = ops.split(gate_up, ops.constant(np.int64(-1)), 2).outputs()
+    else:
+        gate, up = w.linear(h, f"{mlp}.gate_proj"), w.linear(h, f"{mlp}.up_proj")
+    act = ops.multiply(ops.swish(gate), up)  # SiLU(gate) * up
+    return ops.add(x, w.linear(act.output(0), f"{name}.mlp.down_proj")).output(0)
+
+
+def _result(value: ov.Output, name: str) -> ov.Node:
+    result = ops.result(value, name=name)
+    result.output(0).get_tensor().set_names({name})
+    return result
+
+
+def build_model(w: GraphWeights, s: ModelShape, hidden: bool = False) -> ov.Model:
+    """The decoder over PagedAttention (module docstring); `hidden` adds that output, and
+    `s.aux_layers` aux_hidden. The caches' type and shape are left to the plugin
+    (KV_CACHE_PRECISION): the compiled model's inputs say what it picked."""
+    ids = ops.parameter([-1], ov.Type.i64, name="input_ids")
+    positions = ops.parameter([-1], ov.Type.i64, name="positions")
+    rows = ops.parameter([-1], ov.Type.i64, name="logits_indices")
+    paged = paged_params()
+    caches = [
+        tuple(
+            ops.parameter(ov.PartialShape.dynamic(4), ov.Type.dynamic, name=f"{kind}_cache.{i}")
+            for kind in ("key", "value")
+        )
+        for i in range(s.num_layers)
+    ]
+    axis0 = ops.constant(np.int64(0))
+    x = ops.gather(w.constant("embed_tokens.weight"), ids, axis0).output(0)  # [T, hidden]
+    half = _ints([0, 1, s.head_dim // 2])  # [T, 1, D/2]: 0 keeps T (special_zero)
+    cos = ops.reshape(ops.gather(w.constant("rope.cos_cache"), positions, axis0), half, True)
+    sin = ops.reshape(ops.gather(w.constant("rope.sin_cache"), positions, axis0), half, True)
+    entering = []
+    for i in range(s.num_layers):
+        entering.append(x)
+        x = _layer(w, s, i, x, (cos.output(0), sin.output(0)), caches[i], paged)
+    picked = ops.gather(x, rows, axis0).output(0)  # [N, hidden]
+    normed = _rms_norm(picked, w.constant("norm.weight"), s.rms_eps)  # [N, hidden]
+    if _has_linear(w, "lm_head"):
+        logits = w.linear(normed, "lm_head")
+    else:  # tied: the embedding [V, hidden], transposed in the MatMul
+        logits = ops.matmul(normed, w.constant("embed_tokens.weight"), False, True).output(0)
+    results = [_result(logits, "logits")]
+    if hidden:
+        results.append(_result(normed, "hidden"))
+    if s.aux_layers:
+        aux = ops.concat([entering[i] for i in s.aux_layers], -1).output(0)  # [T, 3 hidden]
+        results.append(_result(aux, "aux_hidden"))
+    parameters = [ids, positions, rows, *paged.parameters(), *(p for kv in caches for p in kv)]
+    return ov.Model(results, parameters, "ingot_decoder_paged")
