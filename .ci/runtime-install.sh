@@ -2,7 +2,9 @@
 # CI: the runtime install a production pod gets. Build the wheel, install it WITHOUT extras into
 # a fresh virtual environment, check that torch / transformers / onnx are absent, then verify and
 # run an artifact that the development environment (.venv, made by the README's test command)
-# built earlier in this run. Usage: .ci/runtime-install.sh (from anywhere; needs .venv).
+# built earlier in this run. Then (steps 7-9) the same wheel with the `openvino` extra, in another
+# fresh environment, runs an artifact built for both engines on OpenVINO, which the base install
+# runs on ONNX Runtime. Usage: .ci/runtime-install.sh (from anywhere; needs .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -119,3 +121,53 @@ if ! cmp -s "$tmp/runtime.json" "$tmp/dev.json"; then
 fi
 cat "$tmp/runtime.json"
 echo "runtime install: ok"
+
+# 7. An artifact with both engines, OpenVINO first (recipes/demo-openvino.yaml), built by .venv.
+cd "$repo"
+step ".venv/bin/ingot build --recipe recipes/demo-openvino.yaml --out $tmp/demo-openvino"
+.venv/bin/ingot build --recipe recipes/demo-openvino.yaml --out "$tmp/demo-openvino" \
+  --cache-dir "$tmp/cache" >/dev/null
+cd "$tmp"
+
+# 8. The wheel with the openvino extra, in a fresh environment: still no torch / onnx.
+step "$python -m venv $tmp/runtime-openvino"
+"$python" -m venv "$tmp/runtime-openvino"
+step "$tmp/runtime-openvino/bin/pip install -q '$(basename "$wheel")[openvino]'"
+"$tmp/runtime-openvino/bin/pip" install -q "$wheel[openvino]"
+for module in torch transformers onnx; do
+  step "$tmp/runtime-openvino/bin/python -c 'import $module'  # must fail"
+  if "$tmp/runtime-openvino/bin/python" -c "import $module" 2>/dev/null; then
+    echo "the openvino runtime install can import $module: it must not be installed" >&2
+    exit 1
+  fi
+done
+
+# 9. It selects and runs the OpenVINO engine, the base install (no openvino) the ONNX Runtime
+#    one; the development install (openvino from the dev extra) makes the same tokens.
+step "ingot verify / engine / generate $tmp/demo-openvino: openvino-cpu, onnxruntime-cpu without"
+"$tmp/runtime-openvino/bin/ingot" verify "$tmp/demo-openvino"
+for env in runtime-openvino runtime; do
+  "$tmp/$env/bin/python" - "$tmp/demo-openvino" "$env" <<'EOF'
+import sys
+
+from ingot.runtime import LoadedModel
+
+want = {"runtime-openvino": "openvino-cpu", "runtime": "onnxruntime-cpu"}[sys.argv[2]]
+model = LoadedModel.load(sys.argv[1], kv_cache_blocks=64)
+assert model.engine.name == want, (model.engine.name, want)
+heavy = [m for m in ("torch", "transformers", "onnx") if m in sys.modules]
+assert not heavy, heavy
+print(f"  {sys.argv[2]}: engine {model.engine.name}")
+EOF
+done
+"$tmp/runtime-openvino/bin/ingot" generate "$tmp/demo-openvino" --prompt "The os module" \
+  --max-tokens 8 --json >"$tmp/runtime-openvino.json"
+"$repo/.venv/bin/ingot" generate "$tmp/demo-openvino" --prompt "The os module" --max-tokens 8 \
+  --json >"$tmp/dev-openvino.json"
+if ! cmp -s "$tmp/runtime-openvino.json" "$tmp/dev-openvino.json"; then
+  echo "generate on openvino differs between the runtime install and .venv:" >&2
+  diff "$tmp/runtime-openvino.json" "$tmp/dev-openvino.json" >&2 || true
+  exit 1
+fi
+cat "$tmp/runtime-openvino.json"
+echo "runtime install with openvino: ok"

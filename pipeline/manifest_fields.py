@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .engines.base import reads_graph
 from .model.config import ModelConfig
 from .recipe import Recipe
 
@@ -108,16 +109,23 @@ def speculative_fields(
 
 def _engine_entries(model: ModelRecords) -> list[dict[str, Any]]:
     """The manifest's engine entries: each stage's record, its path inside the artifact (under
-    the model's root), and the check of that engine against the IR under ``build.check`` (the
-    entry's schema admits no new top-level field; ``build`` is free-form and informational)."""
+    the model's root: its engine directory, or the model's graph for an engine built from it
+    at load), and the check of that engine against the IR under ``build.check`` (the entry's
+    schema admits no new top-level field; ``build`` is free-form and informational)."""
     return [
         {
             **record,
-            "path": f"{model.root}engines/{record['name']}/{Path(record['path']).name}",
+            "path": f"{model.root}{_engine_path(record)}",
             "build": {**record["build"], "check": check},
         }
         for record, check in zip(model.engines, model.checks, strict=True)
     ]
+
+
+def _engine_path(record: dict[str, Any]) -> str:
+    if reads_graph(record):
+        return record["path"]  # the model's portable graph, beside engines/
+    return f"engines/{record['name']}/{Path(record['path']).name}"
 
 
 def _recipe_as_written(recipe: Recipe, recipe_path: Path) -> dict[str, Any]:

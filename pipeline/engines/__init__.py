@@ -16,6 +16,9 @@ __all__ = ["ENGINE_BUILDERS"]
 
 ENGINE_BUILDERS: Registry[EngineBuilder] = Registry(
     "engine",
-    {"onnxruntime": "ingot.pipeline.engines.onnxruntime"},
+    {
+        "onnxruntime": "ingot.pipeline.engines.onnxruntime",
+        "openvino": "ingot.pipeline.engines.openvino",
+    },
     group="ingot.engine_builders",
 )

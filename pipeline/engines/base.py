@@ -5,12 +5,16 @@ name in `ENGINE_BUILDERS` (engines/__init__.py); the package defines `PLUGIN`, a
 `EngineBuilder`. Who calls it:
 
 - the recipe: `targets` entries are validated by the registered builders' `target_model`s
-  (recipe/targets.py assembles the discriminated union on ``engine``);
+  (recipe/targets.py assembles the discriminated union on ``engine``), and the rest of the
+  recipe against each target by its builder's `recipe_problems` (what the engine cannot run:
+  refused when the recipe loads, before any stage);
 - the engine stage (stages/engine.py): `build` writes the engine files from the exported
   graph and returns the record (``engine.json``, the manifest's engine entry), `open` runs the
   built engine as the runtime will, and the stage checks it against the IR (export/check.py,
   `GraphCheck`) at the tolerance of its `accuracy`; where that is not exact, it first checks
-  `exact` (the same compiled graph computing exactly) at the exact tolerance;
+  `exact` (the same compiled graph computing exactly) at the exact tolerance. An engine that
+  keeps a quantized KV cache in a form of its own (`own_kv`) is checked against the IR with
+  unrounded K/V: its exact variant (an fp32 cache) exactly, the engine loosely;
 - `ingot plan` (plan.py): `estimate` (and `constants`, which ``--json`` shows);
 - the evaluate stage: `describe` (the engine's line in eval/report.md).
 
@@ -39,6 +43,7 @@ __all__ = [
     "ExactRun",
     "GraphRunner",
     "engine_name",
+    "reads_graph",
 ]
 
 # How an engine computes, which picks the check's tolerance (export/check.py `RTOL`).
@@ -62,6 +67,13 @@ def engine_name(target: EngineTarget) -> str:
     """The target's name: its engine stage (``engine:<name>``), its ``engines/<name>/``
     directory in the artifact and its manifest entry's ``name``."""
     return f"{target.engine}-{target.device}"
+
+
+def reads_graph(record: Mapping[str, Any]) -> bool:
+    """Whether an engine's file is its model's portable graph (the record's ``path`` is the
+    graph's own name, "model.onnx", not ``engines/<name>/<file>``): an engine built from the
+    shipped graph's weights at load, adding no file of its own to the artifact."""
+    return "/" not in record["path"]
 
 
 class GraphRunner(Protocol):
@@ -115,25 +127,53 @@ class EngineBuilder(Protocol):
     target_model: type[EngineTarget]
     constants: Mapping[str, float]  # the throughput constants `estimate` uses, by name
 
+    def recipe_problems(self, target: Any, recipe: Any) -> list[str]:
+        """One line per part of ``recipe`` (the whole `Recipe`, which this package must not
+        import) that ``target`` cannot run, each naming the recipe field and why; none when
+        it can. Checked when the recipe loads (`ingot build`, `ingot plan`)."""
+        ...
+
     def accuracy(self, target: Any) -> Accuracy:
         """How the built engine computes: the tolerance its check is held to."""
         ...
 
-    def exact(self, graph: Path, target: Any) -> ExactRun | None:
+    def own_kv(self, kv_dtype: str) -> bool:
+        """Whether the engine stores a ``kv_dtype`` cache (the recipe's kv_cache.dtype) in a
+        form of its own rather than the exported graph's (OpenVINO: its u8 blocks with
+        in-block scales for int8). The check then cannot read what it stored: its reference
+        keeps K/V unrounded, the exact variant (`exact`, with an fp32 cache) is checked
+        exactly and the engine loosely ("int8_activations")."""
+        ...
+
+    def exact(
+        self, graph: Path, target: Any, *, sliding_window: int | None = None
+    ) -> ExactRun | None:
         """For an engine that is not exact: the exported ``graph`` compiled as `build`
         compiles it but computing exactly (nothing written), checked first with the exact
-        tolerance; None where the engine is exact, or has no such variant."""
+        tolerance; None where the engine is exact, or has no such variant. ``sliding_window``:
+        the model's attention window, for an engine that applies it itself (its graph has no
+        mask input: OpenVINO's PagedAttention), as `open`'s."""
         ...
 
     def build(self, graph: Path, target: Any, out: Path) -> dict[str, Any]:
         """Write the engine's files into ``out`` from the exported ``graph`` (model.onnx);
-        return its record (``engine.json``): name, engine, device, path (``engines/<name>/<file>``),
+        return its record (``engine.json``): name, engine, device, path (``engines/<name>/<file>``,
+        or the graph's own name where the engine is built at load from the shipped graph),
         requires (what a host needs: the runtime plug-in's `problems` reads it),
         session_options (what the runtime applies) and build (how it was built)."""
         ...
 
-    def open(self, out: Path, record: dict[str, Any]) -> GraphRunner:
-        """The engine `build` wrote into ``out``, run as the runtime will run it."""
+    def open(
+        self,
+        graph: Path,
+        out: Path,
+        record: dict[str, Any],
+        *,
+        sliding_window: int | None = None,
+    ) -> GraphRunner:
+        """The engine `build` wrote into ``out`` from ``graph``, run as the runtime will run
+        it (an engine whose record's ``path`` is the graph's reads ``graph``; the runtime
+        passes it the model's ``sliding_window``, as `SessionSettings` does)."""
         ...
 
     def estimate(self, target: Any, sizing: EngineSizing) -> EngineEstimate: ...

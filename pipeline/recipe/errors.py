@@ -33,6 +33,7 @@ _NO_GOT = {
     "union_tag_not_found",
     "calibration_missing",
     "evaluate_speculative",
+    "engine_target",
 }
 
 

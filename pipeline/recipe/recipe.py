@@ -18,7 +18,7 @@ from .interop import InteropFormat, _check_unique_formats
 from .quantize import Quantize
 from .source import Source
 from .speculative import Draft, Speculative
-from .targets import DEFAULT_TARGETS, Target, _check_unique_targets
+from .targets import DEFAULT_TARGETS, Target, _check_unique_targets, target_problems
 
 __all__ = ["STAGES", "Recipe", "recipe_json_schema"]
 
@@ -123,6 +123,17 @@ class Recipe(_Strict):
                 "kv_cache.dtype: {dtype} needs calibration data for its per-head K/V scales "
                 "(add a `calibration:` section with dataset, samples, seq_len, or use fp16)",
                 {"dtype": self.kv_cache.dtype},
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _targets_run_the_recipe(self) -> Recipe:
+        # What an engine cannot run (a KV layout, a weight format) is refused here, before any
+        # stage, rather than failing the engine's build an hour in.
+        problems = target_problems(self)
+        if problems:
+            raise PydanticCustomError(
+                "engine_target", "{problems}", {"problems": "; ".join(problems)}
             )
         return self
 

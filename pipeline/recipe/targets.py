@@ -1,7 +1,8 @@
 """The `targets` section: the engines the artifact is built for, one per engine and device.
 
 An entry is validated by its engine's target model: the union of every registered engine
-builder's `target_model` (pipeline/engines: `ENGINE_BUILDERS`), told apart by ``engine``.
+builder's `target_model` (pipeline/engines: `ENGINE_BUILDERS`), told apart by ``engine``; the
+rest of the recipe against each target by its builder's `recipe_problems` (`target_problems`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pydantic_core import PydanticCustomError
 from ..engines import ENGINE_BUILDERS
 from ..engines.base import EngineTarget
 
-__all__ = ["DEFAULT_TARGETS", "Target"]
+__all__ = ["DEFAULT_TARGETS", "Target", "target_problems"]
 
 # The recipe's targets when it names none: ONNX Runtime on the CPU, which every host runs.
 DEFAULT_TARGETS = [ENGINE_BUILDERS.get("onnxruntime").target_model(engine="onnxruntime")]
@@ -45,3 +46,13 @@ def _check_unique_targets(targets: list[EngineTarget]) -> list[EngineTarget]:
             )
         seen[key] = index
     return targets
+
+
+def target_problems(recipe: Any) -> list[str]:
+    """One line per part of ``recipe`` (a `Recipe`) that one of its targets' engines cannot
+    run (the engine's builder says which: `EngineBuilder.recipe_problems`), in target order."""
+    return [
+        problem
+        for target in recipe.targets
+        for problem in ENGINE_BUILDERS.get(target.engine).recipe_problems(target, recipe)
+    ]

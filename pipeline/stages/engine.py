@@ -15,6 +15,13 @@ saved) is checked exactly. Its report is ``check.json``'s ``exact_check``. The I
 the comparison is computed once, by the exact check, and the engine's check reuses it
 (`GraphCheck`).
 
+An engine that keeps an int8 cache in a form of its own (OpenVINO: u8 blocks with in-block
+scales and zero points, not the graph's calibrated per-head codes; the plug-in's `own_kv`) is
+checked against the IR with its K/V unrounded (fp32): the check cannot read the engine's
+blocks to adopt rounding ties, and the engine's rounding is not the IR's. Its exact variant
+(an fp32 cache) is checked first, exactly; the engine itself loosely (the "int8_activations"
+tolerance), its logits and greedy tokens against the IR's.
+
 One engine holds the weights at a time: the exact variant is released before the engine is
 built, the build's before the built engine opens. A mismatch raises `ExportError`, so the
 stage fails and the cache keeps nothing.
@@ -32,7 +39,7 @@ from ingot.artifacts import EngineInfo
 from ingot.runtime.loader import EngineFiles
 
 from ..engines import ENGINE_BUILDERS
-from ..engines.base import EngineBuilder, EngineTarget, engine_name
+from ..engines.base import EngineBuilder, EngineTarget, engine_name, reads_graph
 from ..export.check import GraphCheck
 from ..export.errors import ExportError
 from ..quantize.ir_layers import IRLayers
@@ -64,10 +71,15 @@ class EngineOutput(StageOutput):
 
     def files(self, export: ExportOutput) -> EngineFiles:
         """The engine as the runtime opens it (runtime/loader.py): the graph interface of
-        the export it was built from (`export`), its record and its engine file."""
+        the export it was built from (`export`), its record and its engine file (the graph
+        itself for an engine built at load from it)."""
         record = self.record()
-        path = self.dir / Path(record["path"]).name
+        path = _engine_file(record, self.dir, export.dir / ExportOutput.GRAPH)
         return EngineFiles(export.interface(), EngineInfo.model_validate(record), path)
+
+
+def _engine_file(record: dict[str, Any], engine_dir: Path, graph: Path) -> Path:
+    return graph if reads_graph(record) else engine_dir / Path(record["path"]).name
 
 
 def engine_stage(
@@ -92,14 +104,21 @@ def run_engine(export_dir: Path, ir_dir: Path, target: EngineTarget, out: Path) 
     report) into ``out``."""
     builder = ENGINE_BUILDERS.get(target.engine)
     graph = export_dir / ExportOutput.GRAPH
+    kv_dtype = ExportOutput(export_dir, "").graph_info()["kv_dtype"]
+    own_kv = builder.own_kv(kv_dtype)
     # One IR reference for both checks of an inexact engine (`GraphCheck`): exact first.
-    check_ir = GraphCheck(rounding_as_exported(IRLayers(ir_dir), export_dir))
-    exact = _exact_check(builder, graph, check_ir, target)
+    ir = IRLayers(ir_dir)
+    window = ir.cfg.sliding_window  # for an engine that applies it itself
+    check_ir = GraphCheck(ir if own_kv else rounding_as_exported(ir, export_dir))
+    exact = _exact_check(builder, graph, check_ir, target, window)
     record = builder.build(graph, target, out)
     gc.collect()  # the build's copy of the weights goes before the engine's loads them
-    runner = builder.open(out, record)
+    runner = builder.open(graph, out, record, sliding_window=window)
+    accuracy = "int8_activations" if own_kv else builder.accuracy(target)
     try:
-        check = check_ir(runner, accuracy=builder.accuracy(target))
+        check = check_ir(runner, accuracy=accuracy)
+    except ExportError as e:
+        raise ExportError(f"engine {engine_name(target)}: {e}") from None
     finally:
         del runner  # the weights go before anything else is written
         gc.collect()
@@ -110,11 +129,15 @@ def run_engine(export_dir: Path, ir_dir: Path, target: EngineTarget, out: Path) 
 
 
 def _exact_check(
-    builder: EngineBuilder, graph: Path, check_ir: GraphCheck, target: EngineTarget
+    builder: EngineBuilder,
+    graph: Path,
+    check_ir: GraphCheck,
+    target: EngineTarget,
+    window: int | None,
 ) -> dict[str, Any] | None:
     """`check_ir` "exact" on the builder's exact variant of the graph, where the engine is not
     exact and has one; None otherwise."""
-    exact = builder.exact(graph, target)
+    exact = builder.exact(graph, target, sliding_window=window)
     if exact is None:
         return None
     runner, what = exact

@@ -29,6 +29,7 @@ from ingot.artifacts.digest import copy_file_sha256, sha256_bytes
 from ingot.artifacts.signing import sign_artifact
 
 from ..chat_template import chat_template_of
+from ..engines.base import reads_graph
 from ..manifest_fields import eval_and_interop_fields, manifest_fields, speculative_fields
 from .eagle import EagleOutput
 from .graph import BuildOutputs
@@ -40,7 +41,8 @@ __all__ = ["DRAFT_DIR", "EAGLE_DIR", "HEADS_DIR", "Package", "run_package"]
 # Where the stage outputs go in the artifact. The target's graph at the root and its engines
 # under engines/<name>/; interop/<format>/ and eval/ as the stages wrote them.
 # A draft model's engines: draft/engines/<name>/ (no portable graph of the draft is shipped:
-# the runtime loads engines only, and the target's model.onnx is the portable one).
+# the runtime loads engines only, and the target's model.onnx is the portable one; except
+# where a draft engine is built at load from the graph: then draft/model.onnx(.data)).
 DRAFT_DIR = "draft/"
 # Medusa heads: draft/heads/model.onnx(.data) (the heads stage's graph; its record goes into the
 # manifest, the vLLM-layout copy stays in the stage cache).
@@ -141,6 +143,9 @@ def _copy_outputs(copy: _Copier, outputs: BuildOutputs) -> None:
     if outputs.draft is not None:
         for name, engine in outputs.draft.engines.items():
             copy.tree(engine.dir, root / DRAFT_DIR / "engines" / name)
+        # An engine built at load from the graph (OpenVINO) reads the draft's portable graph.
+        if any(reads_graph(e.record()) for e in outputs.draft.engines.values()):
+            copy.tree(outputs.draft.export.dir, root / DRAFT_DIR)
     if outputs.heads is not None:
         for name in HeadsOutput.SHIPPED:
             copy.file(outputs.heads.dir / name, root / HEADS_DIR / name)

@@ -52,7 +52,7 @@ def test_a_registered_engine_is_a_recipe_target_with_a_plan(toy):
     toy_target, ort_target = targets.validate_python([{"engine": "toy"}, {"engine": "onnxruntime"}])
     assert type(toy_target) is ENGINE_BUILDERS.get("toy").target_model
     assert toy_target.device == "cpu" and isinstance(ort_target, OnnxRuntimeTarget)
-    with pytest.raises(ValidationError, match="expected tags: 'onnxruntime', 'toy'"):
+    with pytest.raises(ValidationError, match="expected tags: 'onnxruntime', 'openvino', 'toy'"):
         targets.validate_python([{"engine": "tensorrt"}])
     with pytest.raises(ValidationError, match="optimization_level"):  # the toy's own model
         targets.validate_python([{"engine": "toy", "optimization_level": "all"}])

@@ -33,10 +33,18 @@ class ToyBuilder:
     target_model = ToyTarget
     constants = {"toy_bytes_per_second": 1e9}  # a copy
 
+    def recipe_problems(self, target: ToyTarget, recipe: Any) -> list[str]:
+        return []  # it runs whatever exports
+
     def accuracy(self, target: ToyTarget) -> Literal["exact"]:
         return "exact"  # the graph's own numbers, fp32 activations
 
-    def exact(self, graph: Path, target: ToyTarget) -> ExactRun | None:
+    def own_kv(self, kv_dtype: str) -> bool:
+        return False  # its pools are the graph's
+
+    def exact(
+        self, graph: Path, target: ToyTarget, *, sliding_window: int | None = None
+    ) -> ExactRun | None:
         return None  # the engine's own check is exact
 
     def build(self, graph: Path, target: ToyTarget, out: Path) -> dict[str, Any]:
@@ -53,7 +61,14 @@ class ToyBuilder:
             "build": {"copied": list(FILES)},
         }
 
-    def open(self, out: Path, record: dict[str, Any]) -> OrtGraph:
+    def open(
+        self,
+        graph: Path,
+        out: Path,
+        record: dict[str, Any],
+        *,
+        sliding_window: int | None = None,  # the graph's mask applies it
+    ) -> OrtGraph:
         path = out / Path(record["path"]).name
         return OrtGraph(load_onnxruntime_engine(path, record["session_options"]))
 

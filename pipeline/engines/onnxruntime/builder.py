@@ -40,11 +40,19 @@ class OnnxRuntimeBuilder:
     target_model = OnnxRuntimeTarget
     constants = ESTIMATES
 
+    def recipe_problems(self, target: OnnxRuntimeTarget, recipe: Any) -> list[str]:
+        return []  # the exported graph is ONNX Runtime's: it runs whatever exports
+
     def accuracy(self, target: OnnxRuntimeTarget) -> Accuracy:
         """Int8 activations at MatMulNBits accuracy level 4, else exact (fp32)."""
         return "int8_activations" if target.matmul_accuracy_level == 4 else "exact"
 
-    def exact(self, graph: Path, target: OnnxRuntimeTarget) -> ExactRun | None:
+    def own_kv(self, kv_dtype: str) -> bool:
+        return False  # the engine's pools are the exported graph's inputs
+
+    def exact(
+        self, graph: Path, target: OnnxRuntimeTarget, *, sliding_window: int | None = None
+    ) -> ExactRun | None:
         """The exported graph optimized in memory as the target optimizes it, but with
         MatMulNBits at accuracy level 0 (fp32 activations); nothing is written."""
         if self.accuracy(target) == "exact":
@@ -69,7 +77,14 @@ class OnnxRuntimeBuilder:
             matmul_accuracy_level=target.matmul_accuracy_level,
         )
 
-    def open(self, out: Path, record: dict[str, Any]) -> OrtGraph:
+    def open(
+        self,
+        graph: Path,
+        out: Path,
+        record: dict[str, Any],
+        *,
+        sliding_window: int | None = None,  # the graph's mask applies it
+    ) -> OrtGraph:
         engine_file = out / Path(record["path"]).name
         return OrtGraph(load_onnxruntime_engine(engine_file, record["session_options"]))
 
