@@ -77,8 +77,9 @@ def markdown(report: dict[str, Any]) -> str:
     lines += _decode_table(models, "batch1", agreement=True)
     lines += ["", f"## {settings['batch']} sequences decoding together", ""]
     lines += [
-        "ingot: all added to one Generator (in-flight batching); onnxruntime-genai: one "
-        "static batch; llama.cpp: one llama_batch per step, a sequence id per prompt. tok/s is "
+        "ingot (either engine): all added to one Generator (in-flight batching); "
+        "onnxruntime-genai: one static batch; OpenVINO GenAI: its ContinuousBatchingPipeline; "
+        "llama.cpp: one llama_batch per step, a sequence id per prompt. tok/s is "
         "the sum over the sequences; the bound counts the weights once per step and each "
         "sequence's KV cache.",
         "",
