@@ -129,6 +129,7 @@ PARTS = ("batch1", "batched", "context", "prefill", "profile")
 # The engine override (LoadedModel.load's `engine`, a kind) that opens each of the artifact's
 # engines: the first compatible one of that kind.
 ORT_ENGINE, OPENVINO_ENGINE = "onnxruntime", "openvino"
+OPENVINO_BLOCK_SIZE = 32  # the only KV block size OpenVINO's CPU plugin runs
 # The artifact: KV blocks of 32 tokens (the only size OpenVINO's CPU plugin runs) for both
 # engines, and room for the context part's longest prompt and its new tokens.
 CONTEXT_MAX_SEQ_LEN = 4352
@@ -216,7 +217,10 @@ class Bench:
         args = self.args
         out: dict[str, Any] = {"config": _model_summary(model)}
         builds = out["builds"] = {}
-        artifact, builds["ingot"] = self._build_ingot(model)
+        artifact, builds["ingot"] = self._build_ingot(model, self.artifact_shape(), True)
+        if self.separate_openvino_artifact():
+            shape = DecodeArtifact(OPENVINO_BLOCK_SIZE, CONTEXT_MAX_SEQ_LEN, openvino=True)
+            _, builds["ingot-openvino"] = self._build_ingot(model, shape, False)
         peer_dirs: dict[str, Path | None] = {}
         timed = {"batch1", "batched", "context"} & set(args.parts)
         if "onnxruntime-genai" in args.engines and timed:
@@ -231,7 +235,7 @@ class Bench:
             builds["openvino-genai"] = record
             self.watch.sample()
         gguf = find_gguf(artifact) if artifact else None
-        loads = self._loads(model, artifact, peer_dirs, gguf, builds)
+        loads = self._loads(model, peer_dirs, gguf, builds)
 
         batch1 = [model.prompt_ids]
         batched = model.prompts(args.batch, PROMPT_LEN)
@@ -255,14 +259,24 @@ class Bench:
         return out
 
     def artifact_shape(self) -> DecodeArtifact:
-        """The artifact of this run: blocks of 32 for both engines, a long enough context, the
-        OpenVINO target where this ingot has it and the run times it."""
-        wanted = "ingot-openvino" in self.args.engines and openvino_available()
-        return DecodeArtifact(block_size=32, max_seq_len=CONTEXT_MAX_SEQ_LEN, openvino=wanted)
+        """The ingot row's artifact: blocks of `--ingot-block-size`, a long enough context, and
+        the OpenVINO target where this ingot has it, the run times it and the block size is
+        the one OpenVINO runs (else the OpenVINO row gets an artifact of its own)."""
+        shared = self.args.ingot_block_size == OPENVINO_BLOCK_SIZE and self.openvino_wanted()
+        size = self.args.ingot_block_size
+        return DecodeArtifact(block_size=size, max_seq_len=CONTEXT_MAX_SEQ_LEN, openvino=shared)
 
-    def _build_ingot(self, model: BenchModel) -> tuple[str | None, dict[str, Any]]:
-        interop = ["gguf"] if "llama.cpp" in self.args.engines and gguf_available() else []
-        shape = self.artifact_shape()
+    def openvino_wanted(self) -> bool:
+        return "ingot-openvino" in self.args.engines and openvino_available()
+
+    def separate_openvino_artifact(self) -> bool:
+        return self.openvino_wanted() and self.args.ingot_block_size != OPENVINO_BLOCK_SIZE
+
+    def _build_ingot(
+        self, model: BenchModel, shape: DecodeArtifact, with_interop: bool
+    ) -> tuple[str | None, dict[str, Any]]:
+        wants_gguf = with_interop and "llama.cpp" in self.args.engines and gguf_available()
+        interop = ["gguf"] if wants_gguf else []
         _log(f"model {model.name}: building the ingot artifact ({shape}, interop {interop})")
         spec = build_spec(model, self.tmp, self.args.threads, interop, shape)
         built = self.worker(spec, BUILD_TIMEOUT_S)
@@ -286,7 +300,6 @@ class Bench:
     def _loads(
         self,
         model: BenchModel,
-        artifact: str | None,
         peer_dirs: dict[str, Path | None],
         gguf: Path | None,
         builds: dict[str, Any],
@@ -294,20 +307,17 @@ class Bench:
         """Each engine's load arguments, or why it cannot run (a failed row). Each case adds
         its batch, its token budget and the context each sequence needs (`load_for`)."""
         loads: dict[str, dict[str, Any] | str] = {}
-        if artifact is None:
-            loads["ingot"] = f"ingot build failed: {builds['ingot'].get('error')}"
-        elif builds["ingot"]["shape"]["openvino"]:  # two engines: name the one each row runs
-            loads["ingot"] = {"artifact": artifact, "engine": ORT_ENGINE}
-        else:
-            loads["ingot"] = {"artifact": artifact}
-        if artifact is None or not builds["ingot"]["shape"]["openvino"]:
-            loads["ingot-openvino"] = (
-                loads["ingot"]
-                if artifact is None
-                else ("this ingot has no `openvino` engine target (ingot.pipeline.engines)")
-            )
-        else:
-            loads["ingot-openvino"] = {"artifact": artifact, "engine": OPENVINO_ENGINE}
+        for engine, name in (("ingot", ORT_ENGINE), ("ingot-openvino", OPENVINO_ENGINE)):
+            # Each row's own artifact, else the one both share.
+            built = builds.get(engine) or builds["ingot"]
+            if not built.get("ok"):
+                loads[engine] = f"ingot build failed: {built.get('error')}"
+            elif engine == "ingot-openvino" and not built["shape"]["openvino"]:
+                loads[engine] = "this ingot has no `openvino` engine target (pipeline/engines)"
+            elif built["shape"]["openvino"]:  # two engines: name the one the row runs
+                loads[engine] = {"artifact": built["artifact"], "engine": name}
+            else:
+                loads[engine] = {"artifact": built["artifact"]}
         for peer, key in (("onnxruntime-genai", "model_dir"), ("openvino-genai", "model_dir")):
             if peer_dirs.get(peer) is None:
                 failed = builds.get(peer) or {}
@@ -533,7 +543,8 @@ def _report(
             "weights": "RTN int4 g32 symmetric, lm_head included",
             "matmul_accuracy_level": MATMUL_ACCURACY_LEVEL,
             "kv_bytes_per_element": KV_BYTES,
-            "kv_block_size": DecodeArtifact(block_size=32).block_size,
+            "kv_block_size": args.ingot_block_size,
+            "openvino_kv_block_size": OPENVINO_BLOCK_SIZE,
             "context": {
                 "models": args.context_models,
                 "prompt_tokens": args.contexts,
@@ -581,6 +592,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--context-runs", type=int, default=1, help="interleaved rounds of the context part"
+    )
+    parser.add_argument(
+        "--ingot-block-size",
+        type=int,
+        default=32,
+        help="KV block size of the ingot row's artifact: 32 (the default) shares one artifact "
+        "with ingot-openvino, another size builds one artifact per row",
     )
     parser.add_argument("--prefill-models", default="pydoc-16m", help="models of the prefill part")
     parser.add_argument("--prefill-prompts", type=int, default=32)

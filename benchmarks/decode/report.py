@@ -283,14 +283,22 @@ def _ratio(peer: dict[str, Any], mine: str) -> str:
     return ranged(ratio, rounds.get(mine) or [ratio])
 
 
+def _blocks_line(settings: dict[str, Any]) -> str:
+    """Whether ingot's two rows share one artifact (one KV block size) or not."""
+    if settings["kv_block_size"] == settings["openvino_kv_block_size"]:
+        return "one artifact with both engine targets for both rows"
+    return f"its own artifact; the ingot row's has blocks of {settings['kv_block_size']}"
+
+
 def _engines_line(settings: dict[str, Any]) -> str:
     """How the engines beyond ingot's first one ran (reports from before them say nothing)."""
     if "context" not in settings:
         return ""
     return (
-        "ingot-openvino: the same artifact on its OpenVINO engine (the load's engine override "
-        f"`{settings['openvino_engine_override']}`), KV blocks of {settings['kv_block_size']} "
-        "tokens for both of ingot's engines; OpenVINO GenAI: its own export of the checkpoint "
+        "ingot-openvino: ingot's OpenVINO engine (the load's engine override "
+        f"`{settings['openvino_engine_override']}`; KV blocks of "
+        f"{settings['openvino_kv_block_size']} tokens, {_blocks_line(settings)}); "
+        "OpenVINO GenAI: its own export of the checkpoint "
         "(optimum-intel, int4 g32 symmetric on every layer, lm_head and embeddings included), "
         "LLMPipeline at batch 1 and ContinuousBatchingPipeline for several sequences, its "
         "defaults on this CPU (bf16 inference, u8 KV, int8 dynamic quantization of "
