@@ -159,7 +159,9 @@ def decode_recipe(
     CPU at MatMulNBits accuracy level 4, then OpenVINO's CPU plugin if `shape` says so) of
     `model` on `threads` threads, with `interop`."""
     recipe = {  # JSON is YAML: the recipe loader reads it as is
-        "source": {"path": str(model.path)},
+        # Absolute: the recipe is read from a temporary directory, and a relative source path
+        # would be taken relative to it.
+        "source": {"path": str(model.path.resolve())},
         "quantize": [
             {
                 "method": "rtn",

@@ -309,6 +309,14 @@ def _engines_line(settings: dict[str, Any]) -> str:
 def _notes(models: dict[str, Any]) -> list[str]:
     notes = []
     for name, model in models.items():
+        run = model.get("run")  # measured by a run of its own, merged into this report
+        if run:
+            load = run["host_load"]["load_1min_samples"]
+            notes.append(
+                f"{name}: measured in a run of its own ({run['date']}, {run['wall_s']:.0f} s, "
+                f"host load max {max(load):.1f}{', REFUSED' if run.get('refused') else ''}): "
+                f"`{run['command']}`; {run['why']}"
+            )
         reference = model.get("reference")
         if reference and reference.get("ok"):
             notes.append(
