@@ -201,6 +201,12 @@ def schema() -> None:
 @click.option(
     "--speculative-config", type=SpeculativeConfigParam(), default=None, help=SPECULATIVE_HELP
 )
+@click.option(
+    "--engine",
+    default=None,
+    help="The artifact's engine to run, by name (openvino-cpu) or kind (openvino). "
+    "[default: the first one this host runs, in the recipe's targets order]",
+)
 def generate(
     artifact: str,
     prompt: str,
@@ -210,17 +216,21 @@ def generate(
     seed: int | None,
     as_json: bool,
     speculative_config: dict[str, Any] | bool | None,
+    engine: str | None,
 ) -> None:
     """Generate text from an artifact (greedy at temperature 0)."""
     # the runtime (onnxruntime, numpy, pydantic) loads when the command runs
     from ingot.artifacts import ArtifactError
     from ingot.runtime import LoadedModel, SamplingParams
+    from ingot.runtime.engine_select import EngineUnavailable
 
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
     try:
-        model = LoadedModel.load(artifact, speculative_config=speculative_config)
+        model = LoadedModel.load(artifact, speculative_config=speculative_config, engine=engine)
     except ArtifactError as e:
         raise UserError(f"refusing to load {artifact}: {e}") from e
+    except EngineUnavailable as e:
+        raise UserError(f"--engine: {e}") from e
     except ValueError as e:  # the speculative config (the artifact verified)
         raise UserError(f"--speculative-config: {e}") from e
     generator = model.generator()

@@ -92,11 +92,9 @@ class LoadedModel:
         one where the artifact has none. `profile_file_prefix` turns on ORT's per-node profiler
         (benchmarks read it through `session.end_profiling()`). `spinning=False` makes ONNX
         Runtime's threads sleep between calls instead of spinning, each on a core, while they
-        wait (benchmarks/serve_overhead.py compares the two under `ingot serve`).
-
-        `engine`: run the artifact's engine of that name ("openvino-cpu") or the first
-        compatible one of that kind ("openvino") instead of the first compatible one in the
-        manifest's order (the recipe's preference); EngineUnavailable if there is none.
+        wait (benchmarks/serve_overhead.py compares the two under `ingot serve`). `engine`:
+        the artifact's engine of that name ("openvino-cpu") or kind ("openvino") instead of
+        the first compatible one in its order (engine_select.py).
 
         `speculative_config` (vLLM's keys: method, num_speculative_tokens, prompt_lookup_min,
         prompt_lookup_max, and ingot's disable_by_batch_size, min_acceptance_rate,
@@ -111,8 +109,7 @@ class LoadedModel:
         root, manifest = _verified(path, verify_key, require_signature)
         selected = _selected_engine(manifest, engine)
         speculative = resolve_config(manifest, speculative_config)
-        path = safe_relative_path(root, selected.path)
-        target = EngineFiles(manifest.graph, selected, path, manifest.model.sliding_window)
+        target = _engine_files(root, manifest, selected)
         drafter = drafter_files(root, manifest, selected.name, speculative)
         sizing = _PoolSizing(max_num_seqs, enable_prefix_caching, manifest.model.max_seq_len)
         blocks, sized = _pool_blocks(
@@ -178,6 +175,11 @@ def _selected_engine(manifest: Manifest, requested: str | None) -> EngineInfo:
     for reason in skipped:
         log.info("engine skipped: %s", reason)
     return engine
+
+
+def _engine_files(root: Path, manifest: Manifest, engine: EngineInfo) -> EngineFiles:
+    path = safe_relative_path(root, engine.path)
+    return EngineFiles(manifest.graph, engine, path, manifest.model.sliding_window)
 
 
 def drafter_files(

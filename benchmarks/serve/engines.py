@@ -52,7 +52,10 @@ def _ingot_generator(spec: dict):
     from ingot.runtime import LoadedModel
 
     model = LoadedModel.load(
-        spec["artifact"], kv_cache_bytes=spec["kv_cache_bytes"], max_num_seqs=spec["max_num_seqs"]
+        spec["artifact"],
+        kv_cache_bytes=spec["kv_cache_bytes"],
+        max_num_seqs=spec["max_num_seqs"],
+        engine=spec.get("engine"),  # the artifact's engine by name or kind; None: its order
     )
     return model.generator()
 

@@ -104,8 +104,7 @@ def run_engine(export_dir: Path, ir_dir: Path, target: EngineTarget, out: Path) 
     report) into ``out``."""
     builder = ENGINE_BUILDERS.get(target.engine)
     graph = export_dir / ExportOutput.GRAPH
-    kv_dtype = ExportOutput(export_dir, "").graph_info()["kv_dtype"]
-    own_kv = builder.own_kv(kv_dtype)
+    own_kv = builder.own_kv(_kv_dtype(export_dir))
     # One IR reference for both checks of an inexact engine (`GraphCheck`): exact first.
     ir = IRLayers(ir_dir)
     window = ir.cfg.sliding_window  # for an engine that applies it itself
@@ -126,6 +125,14 @@ def run_engine(export_dir: Path, ir_dir: Path, target: EngineTarget, out: Path) 
         check[EXACT_CHECK] = exact
     _write_json(out / EngineOutput.RECORD, record)
     _write_json(out / EngineOutput.CHECK, check)
+
+
+def _kv_dtype(export_dir: Path) -> str:
+    """The exported graph's kv_dtype (graph.json); fp32 for a directory without graph.json (a
+    graph checked on its own, as `rounding_as_exported` takes it)."""
+    if not (export_dir / ExportOutput.GRAPH_INFO).is_file():
+        return "fp32"
+    return ExportOutput(export_dir, "").graph_info()["kv_dtype"]
 
 
 def _exact_check(

@@ -125,6 +125,38 @@ def test_an_exact_target_is_checked_exactly(fp32_build, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["check.json", "engine.json"]
 
 
+def test_the_check_sees_what_the_op_stored_where_it_stored_it(fp32_build):
+    """The check's pools go into the session's head-major blocks and back: the slots a call
+    writes change, in every head; other blocks keep the check's garbage, and so do the keys of
+    the block's later rows (the op zeroes an f32 value block's later rows itself)."""
+    _, (export_dir, _) = fp32_build
+    graph = export_dir / "model.onnx"
+    record = ENGINE_BUILDERS.get("openvino").build(graph, OpenVinoTarget(**EXACT), export_dir)
+    runner = ENGINE_BUILDERS.get("openvino").open(graph, export_dir, record)
+    (_, block, hkv, d), dtype = runner.inputs["k_pool_0"]
+    rng = np.random.default_rng(0)
+    positions = np.array([[0, 1, 2]])  # one sequence, three new tokens in its block 2
+    feed = {
+        "input_ids": np.array([[5, 6, 7]]),
+        "positions": positions,
+        "block_tables": np.array([[2]]),
+        "context_lens": np.array([0]),
+        "attention_mask": np.arange(block)[None, None, None, :] <= positions[..., None],
+        "logits_indices": np.arange(3),
+        "kv_slots": np.stack([np.full((1, 3), 2), positions], axis=-1),
+    }
+    pools = {f"{kind}_pool_{i}": None for i in range(2) for kind in "kv"}
+    for name in pools:
+        pools[name] = rng.normal(size=(4, block, hkv, d)).astype(dtype)
+    out = runner.run(feed | pools)
+    assert out["logits"].shape[0] == 3 and np.isfinite(out["logits"]).all()
+    for name, before in pools.items():
+        changed = (out[name.replace("_pool_", "_pool_out_")] != before).any(axis=3)  # [NB, B, Hkv]
+        assert changed[2, :3].all() and not changed[[0, 1, 3]].any()
+        if name.startswith("k"):
+            assert not changed[2, 3:].any()
+
+
 def test_a_wrong_engine_fails_the_build(fp32_build, tmp_path, monkeypatch):
     """One linear's weights 1% off in the model the runtime builds: the build raises, naming
     the engine (its exact check catches what the loose one could not)."""
@@ -164,6 +196,8 @@ def test_16_and_8_bit_caches_are_checked(tiny, tmp_path, kv_dtype, target, accur
     # The exact variant: f32, no dynamic quantization; for int8 an f32 cache, the IR unrounded.
     assert check["exact_check"]["max_rel_logit_diff"] < 2e-4
     assert check["exact_check"]["kv_dtype"] == ("fp16" if kv_dtype == "fp16" else "fp32")
+    if kv_dtype == "fp16":  # the K/V the op stored, read back: ties adopted as ORT's are
+        assert check["exact_check"]["kv_rounding_ties"] > 0
     expected = {"fp16": "f16", "int8": "u8"}[kv_dtype]
     assert engine.session_options["kv_cache_precision"] == expected
 

@@ -9,6 +9,7 @@ dynamic quantization: `EXACT_OPENVINO`), so their greedy tokens can be compared 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -208,3 +209,68 @@ def test_what_the_engine_refuses(artifact):
     ]
     odd = record.model_copy(update={"requires": {"openvino": ">=2026.4", "gpu": "yes"}})
     assert PLUGIN.problems(odd, host) == ["unknown requirements ['gpu']"]
+
+
+@pytest.mark.parametrize(
+    ("quantize", "why"),
+    [
+        ([{"method": "smoothquant", "weights": "rtn"}], "its inputs are quantized too"),
+        ([{"method": "fp8", "activations": "none"}], r"f8e4m3'> \(FP8 weights\)"),
+    ],
+    ids=["w8a8", "fp8"],
+)
+def test_weight_forms_it_cannot_run_are_refused_naming_the_linear(tmp_path_factory, quantize, why):
+    text = tmp_path_factory.mktemp("text") / "calibration.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. def add(a, b): return a\n" * 99)
+    calibration = {"dataset": str(text), "samples": 4, "seq_len": 64}
+    recipe = {"quantize": quantize, "calibration": calibration}
+    artifact = openvino_artifact_of(tmp_path_factory, "ov-refused", recipe=recipe)
+    with pytest.raises(SessionError, match=rf"^layers\.0\.attn\.qkv_proj: .*{why}"):
+        LoadedModel.load(artifact, engine="openvino")
+
+
+def test_generate_command_takes_an_engine(artifact):
+    from click.testing import CliRunner
+
+    from ingot.cli import main
+
+    def generate(engine: str) -> object:
+        args = ["generate", str(artifact), "--prompt", PROMPTS[1], "--json", "--engine", engine]
+        return CliRunner().invoke(main, args)
+
+    ours, theirs = generate("openvino"), generate("onnxruntime-cpu")
+    assert ours.exit_code == theirs.exit_code == 0, ours.output
+    assert json.loads(ours.output)["token_ids"] == json.loads(theirs.output)["token_ids"]
+    refused = generate("openvino-gpu")
+    assert refused.exit_code != 0
+    assert "--engine: engine 'openvino-gpu': this artifact has no engine" in refused.output
+
+
+def test_feed_packs_real_rows_and_maps_logits_rows():
+    """A decode, a verification of 3 tokens and a prefill chunk in one call: padded rows
+    dropped, each sequence's table cut at its last token, logits rows s*Q + q -> packed."""
+    from ingot.runtime.batch import build_inputs
+    from ingot.runtime.engines.openvino.feed import paged_feed
+    from ingot.runtime.kv_pool import KVPool
+
+    pool = KVPool(1, 16, 4, 1, 2)  # blocks of 4 tokens
+    seqs = []
+    for past, new in ((9, [7]), (5, [1, 2, 3]), (0, [4, 5, 6, 8, 9])):
+        table = pool.new_block_table()
+        table.reserve(past + len(new))
+        seqs.append((table, new, past))
+    batch = build_inputs(seqs, scratch_block=pool.scratch_block, all_logits=True)
+    call = paged_feed(batch, block_size=4)
+    feed = call.feed
+    assert call.padded_rows == 3 * 5 and list(call.rows) == [0, 5, 6, 7, 10, 11, 12, 13, 14]
+    assert list(feed["input_ids"]) == [7, 1, 2, 3, 4, 5, 6, 8, 9]
+    assert list(feed["positions"]) == [9, 5, 6, 7, 0, 1, 2, 3, 4]
+    assert list(feed["past_lens"]) == [9, 5, 0]
+    assert list(feed["subsequence_begins"]) == [0, 1, 4, 9]
+    assert list(feed["block_indices_begins"]) == [0, 3, 5, 7]  # 10, 8 and 5 tokens
+    tables = [seq[0].block_ids for seq in seqs]
+    assert list(feed["block_indices"]) == [*tables[0][:3], *tables[1][:2], *tables[2][:2]]
+    assert list(feed["logits_indices"]) == list(range(9))  # every real row, in order
+    assert int(feed["max_context_len"]) == 10
+    last = build_inputs(seqs, scratch_block=pool.scratch_block)  # each sequence's last row
+    assert list(paged_feed(last, block_size=4).feed["logits_indices"]) == [0, 3, 8]
