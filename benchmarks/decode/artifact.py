@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import json
 import shutil
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from benchmarks.harness.launch import run_worker
 from benchmarks.harness.paths import bench_cache_dir
 
 __all__ = [
+    "DecodeArtifact",
     "KV_BLOCK_SIZE",
     "MATMUL_ACCURACY_LEVEL",
     "OPTIMIZATION_LEVEL",
@@ -35,20 +37,40 @@ __all__ = [
     "find_gguf",
     "gguf_available",
     "ingot_code_fingerprint",
+    "openvino_available",
     "prune_stale_caches",
 ]
 
 MAX_SEQ_LEN = 1024  # at most: the prompts and outputs of every case fit; pydoc-16m's maximum
 KV_BLOCK_SIZE = 16
+OPENVINO = "openvino"  # the second engine's recipe target (issue 27)
 OPTIMIZATION_LEVEL = "extended"  # what recipes/demo.yaml ships (level "all" pins the CPU ISA)
 MATMUL_ACCURACY_LEVEL = 4
 VARIANT = "int4-g32-acc4"  # the artifact's name suffix
 WORKER = "benchmarks.decode.engines"  # builds the artifact (spec kind "build"), runs engines
 
 
-def export_max_seq_len(model: BenchModel) -> int:
+@dataclass(frozen=True, slots=True)
+class DecodeArtifact:
+    """What varies between the benchmarks' artifacts of one recipe: the pool's block size, the
+    longest sequence (capped at the model's own context) and the OpenVINO target beside ONNX
+    Runtime's. The defaults are the artifact every other benchmark builds."""
+
+    block_size: int = KV_BLOCK_SIZE
+    max_seq_len: int = MAX_SEQ_LEN
+    openvino: bool = False
+
+    def suffix(self) -> str:
+        """The artifact directory's name beyond the variant: empty for the defaults."""
+        parts = [f"kv{self.block_size}"] if self.block_size != KV_BLOCK_SIZE else []
+        parts += [f"ctx{self.max_seq_len}"] if self.max_seq_len != MAX_SEQ_LEN else []
+        parts += ["ov"] if self.openvino else []
+        return "".join(f"-{p}" for p in parts)
+
+
+def export_max_seq_len(model: BenchModel, max_seq_len: int = MAX_SEQ_LEN) -> int:
     config = json.loads((model.path / "config.json").read_text())
-    return min(MAX_SEQ_LEN, config["max_position_embeddings"])
+    return min(max_seq_len, config["max_position_embeddings"])
 
 
 def gguf_available() -> bool:
@@ -58,15 +80,29 @@ def gguf_available() -> bool:
     return "gguf" in FORMATS and importlib.util.find_spec("ingot.pipeline.interop.gguf") is not None
 
 
-def build_spec(model: BenchModel, tmp: Path, threads: int, interop: list[str]) -> dict[str, Any]:
-    """Worker spec that builds the artifact (the recipe is written into tmp), its engine running
-    on `threads` threads, with the `interop` formats."""
-    recipe = tmp / f"{model.name}-{VARIANT}.yaml"
-    recipe.write_text(json.dumps(decode_recipe(model, threads, interop), indent=2))
+def openvino_available() -> bool:
+    """Whether this ingot builds OpenVINO engines (the `openvino` recipe target)."""
+    from ingot.pipeline.engines import ENGINE_BUILDERS
+
+    return OPENVINO in ENGINE_BUILDERS
+
+
+def build_spec(
+    model: BenchModel,
+    tmp: Path,
+    threads: int,
+    interop: list[str],
+    shape: DecodeArtifact = DecodeArtifact(),
+) -> dict[str, Any]:
+    """Worker spec that builds the artifact (the recipe is written into tmp), its engines
+    running on `threads` threads, with the `interop` formats, of `shape`."""
+    name = f"{model.name}-{VARIANT}{shape.suffix()}"
+    recipe = tmp / f"{name}.yaml"
+    recipe.write_text(json.dumps(decode_recipe(model, threads, interop, shape), indent=2))
     return {
         "kind": "build",
         "recipe": str(recipe),
-        "out": str(bench_cache_dir() / "artifacts" / f"{model.name}-{VARIANT}"),
+        "out": str(bench_cache_dir() / "artifacts" / name),
         "cache": str(bench_cache_dir() / "stage-cache" / ingot_code_fingerprint()),
     }
 
@@ -116,11 +152,16 @@ def prune_stale_caches() -> list[str]:
     return [str(p) for p in stale]
 
 
-def decode_recipe(model: BenchModel, threads: int, interop: list[str]) -> dict:
+def decode_recipe(
+    model: BenchModel, threads: int, interop: list[str], shape: DecodeArtifact = DecodeArtifact()
+) -> dict:
     """The decode benchmarks' recipe (RTN int4 g32 symmetric, lm_head included, KV fp32, ORT
-    CPU at MatMulNBits accuracy level 4) of `model` on `threads` threads, with `interop`."""
+    CPU at MatMulNBits accuracy level 4, then OpenVINO's CPU plugin if `shape` says so) of
+    `model` on `threads` threads, with `interop`."""
     recipe = {  # JSON is YAML: the recipe loader reads it as is
-        "source": {"path": str(model.path)},
+        # Absolute: the recipe is read from a temporary directory, and a relative source path
+        # would be taken relative to it.
+        "source": {"path": str(model.path.resolve())},
         "quantize": [
             {
                 "method": "rtn",
@@ -131,8 +172,8 @@ def decode_recipe(model: BenchModel, threads: int, interop: list[str]) -> dict:
                 "ignore": [],  # rtn ignores lm_head unless told otherwise
             }
         ],
-        "kv_cache": {"dtype": "fp32", "block_size": KV_BLOCK_SIZE},
-        "export": {"max_seq_len": export_max_seq_len(model)},
+        "kv_cache": {"dtype": "fp32", "block_size": shape.block_size},
+        "export": {"max_seq_len": export_max_seq_len(model, shape.max_seq_len)},
         "targets": [
             {
                 "engine": "onnxruntime",
@@ -144,6 +185,14 @@ def decode_recipe(model: BenchModel, threads: int, interop: list[str]) -> dict:
         ],
         "artifact": {"name": f"bench-{model.name}-{VARIANT}", "version": "0.0.0"},
     }
+    if shape.openvino:
+        # Listed second: the runtime picks the first compatible engine unless told otherwise,
+        # so a plain load stays on ONNX Runtime; the benchmark names the engine it times. f32
+        # activations (the KV is fp32) quantized to int8 in groups of 32 in the int4 matmuls,
+        # as MatMulNBits' accuracy level 4 does.
+        openvino = {"engine": OPENVINO, "device": "cpu", "inference_precision": "f32"}
+        openvino |= {"dynamic_quantization": True, "num_threads": threads}
+        recipe["targets"].append(openvino)
     if interop:
         recipe["interop"] = list(interop)
     return recipe

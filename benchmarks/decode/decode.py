@@ -1,27 +1,40 @@
-"""Decode speed of ingot side by side with onnxruntime-genai and llama.cpp, on one host.
+"""Decode speed of ingot's engines side by side with onnxruntime-genai, OpenVINO GenAI and
+llama.cpp, on one host.
 
-Reproduce (alone on a quiet machine; about 12 minutes on 2 cores, 696 s for the committed report,
-some minutes more the first time, which builds the 1B checkpoint and every engine's model into the
-benchmark cache; writes benchmarks/results/decode.json and decode.md):
+Reproduce (alone on a quiet machine; about 30 minutes on 2 cores, the committed report's time
+is its `wall_s`; some minutes more the first time, which builds the 1B checkpoint and every
+engine's model into the benchmark cache; writes benchmarks/results/decode.json, decode.md and
+the context part's plot decode_context.png, which needs matplotlib in this interpreter):
 
-    benchmarks/peers/setup.sh onnxruntime-genai && benchmarks/peers/setup.sh llama-cpp
+    benchmarks/peers/setup.sh onnxruntime-genai llama-cpp openvino-genai
     .venv/bin/python -m benchmarks.decode.decode
 
 Options: [--models pydoc-16m,llama-1b-shape] [--tokens 128] [--batch 32] [--runs 3]
-[--engines ingot,onnxruntime-genai,llama.cpp] [--parts batch1,batched,prefill,profile]
+[--engines ingot,ingot-openvino,onnxruntime-genai,openvino-genai,llama.cpp]
+[--parts batch1,batched,context,prefill,profile] [--contexts 32,1024,2048,4096]
+[--context-models llama-1b-shape] [--context-tokens 32] [--context-runs 1]
 [--prefill-models pydoc-16m] [--prefill-prompts 32] [--prefill-len 256] [--threads 2]
 [--wait-idle SECONDS] [--models-dir DIR] [--eval-text FILE] [--ortgenai-python PATH]
-[--llama-cpp-python PATH] [--out-dir DIR] [--quick] [--report-only]. `--quick` is a smoke run
-(pydoc-16m, 16 tokens, batch 4, one run, a small prefill) written to a temporary directory,
-never over the committed results; `--report-only` writes decode.md again from decode.json.
+[--openvino-genai-python PATH] [--llama-cpp-python PATH] [--out-dir DIR] [--quick]
+[--report-only]. `--quick` is a smoke run (pydoc-16m, 16 tokens, batch 4, one run, a small
+prefill, contexts of 32-512 tokens on pydoc-16m) written to a temporary directory, never over
+the committed results; `--report-only` writes decode.md and the plot again from decode.json.
 
 Every engine gets the same weights' format: RTN int4, groups of 32, symmetric, lm_head
 included, int8 activations in the matmuls (MatMulNBits accuracy level 4; llama.cpp's Q4_0 dot
-products do the same), the same thread count, greedy decoding with EOS ignored:
+products and OpenVINO's dynamic quantization do the same), the same thread count, greedy
+decoding with EOS ignored:
 
-- ingot: an artifact built here (artifact.py), run through the public runtime API;
+- ingot and ingot-openvino: one artifact built here (artifact.py) with two engine targets,
+  ONNX Runtime's and OpenVINO's (where this ingot has the `openvino` target), KV fp32 in blocks
+  of 32 tokens (the only size OpenVINO's CPU plugin runs), each row opening its engine through
+  the runtime's engine override (`LoadedModel.load(engine=...)`);
 - onnxruntime-genai: its own model builder (`-p int4 -e cpu --extra_options int4_block_size=32
   int4_accuracy_level=4`) on the same checkpoint;
+- openvino-genai: optimum-intel's export of the same checkpoint (`--weight-format int4
+  --group-size 32 --sym --ratio 1.0 --all-layers`), LLMPipeline at batch 1,
+  ContinuousBatchingPipeline for several sequences (ovgenai.py), its own defaults on this CPU
+  (bf16 inference, u8 KV);
 - llama.cpp (llama-cpp-python): the GGUF (Q4_0) ingot's build writes with `interop: [gguf]`.
 
 Measured, per model (pydoc-16m, trained; the Llama-3.2-1B shape with random weights, vocab
@@ -30,21 +43,28 @@ round times one run of every engine in turn (the order rotated each round) and t
 bandwidth, so drift of the host hits every engine alike (harness.rounds, rounds.py); medians over
 rounds:
 
-1. batch 1: decode tok/s (TTFT apart), TPOT p50 / p99, the ratio ingot / peer (the median of
-   the rounds' paired ratios), the fraction of the memory-bandwidth bound (each round's rate
-   over the bound from that round's bandwidth and the bytes each step must read in each
-   engine's format: traffic.py), greedy agreement with the fp32 IR (pydoc-16m only);
+1. batch 1: decode tok/s (TTFT apart), TPOT p50 / p99, the ratios of ingot's engines to each
+   peer and to the best peer of the row (medians of the rounds' paired ratios), the fraction
+   of the memory-bandwidth bound (each round's rate over the bound from that round's bandwidth
+   and the bytes each step must read in each engine's format: traffic.py), greedy agreement
+   with the fp32 IR (pydoc-16m only);
 2. `--batch` prompts decoding together: ingot adds them all to one Generator (in-flight
-   batching), onnxruntime-genai runs one static batch, llama.cpp one llama_batch with a
-   sequence id per prompt;
-3. prefill (ingot only): `--prefill-prompts` prompts of `--prefill-len` tokens at once, against
+   batching), onnxruntime-genai runs one static batch, OpenVINO GenAI its continuous
+   batching, llama.cpp one llama_batch with a sequence id per prompt;
+3. context (context.py, `--context-models` only): batch-1 decode after prompts of each of
+   `--contexts` tokens, TTFT, the peak RSS of the longest prompt's prefill, ratios to the best
+   peer per point, and the plot of decode tok/s against context; `--context-runs` rounds
+   (one by default, to keep the whole run near 30 minutes on 2 cores);
+4. prefill (ingot only): `--prefill-prompts` prompts of `--prefill-len` tokens at once, against
    the same kind of tokens as one packed sequence. A sequence cannot exceed the model's
    context (pydoc-16m: 1024), so the packed case is scaled down: 4 prompts at once against
    their concatenation, cut to max_seq_len - 1 tokens; tokens/s compares them;
-4. ingot's step time by ONNX Runtime op type (its profiler) at batch 1 and at `--batch`: shares
+5. ingot's step time by ONNX Runtime op type (its profiler) at batch 1 and at `--batch`: shares
    only, since the profiler inflates the time of each node;
-5. the host's load between cases (harness.load.LoadWatch): a run whose load exceeded the
+6. the host's load between cases (harness.load.LoadWatch): a run whose load exceeded the
    thread count is written with a REFUSED line at the top and exits 1.
+
+Issue 27's decode targets are judged from these for each of ingot's engines (targets.py).
 """
 
 from __future__ import annotations
@@ -57,26 +77,30 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.decode.artifact import (
-    KV_BLOCK_SIZE,
     MATMUL_ACCURACY_LEVEL,
     WORKER,
+    DecodeArtifact,
     build_spec,
     export_max_seq_len,
     find_gguf,
     gguf_available,
+    openvino_available,
     prune_stale_caches,
 )
+from benchmarks.decode.context import context_part
 from benchmarks.decode.graphs import artifact_graphs
 from benchmarks.decode.models import MODELS, PROMPT_LEN, BenchModel, prepare_model
 from benchmarks.decode.peers import (
     LLAMA_CPP,
     LLAMA_CPP_DISTRIBUTION,
+    OPENVINO_GENAI,
     ORTGENAI,
     build_ortgenai,
+    export_openvino_genai,
     set_ortgenai_threads,
 )
-from benchmarks.decode.report import STEM, markdown, publish_report
-from benchmarks.decode.rounds import merge_rounds, pair_ratios, round_bounds
+from benchmarks.decode.report import STEM, markdown, publish_report, replot
+from benchmarks.decode.rounds import OURS, merge_rounds, pair_ratios, round_bounds
 from benchmarks.decode.traffic import (
     FLOAT32,
     INT4_G32,
@@ -100,8 +124,15 @@ from benchmarks.harness.rounds import interleave
 from ingot.pipeline.model.config import ModelConfig
 
 DEFAULT_THREADS = 2  # what the committed results ran with (a 2-core host)
-ENGINES = ("ingot", "onnxruntime-genai", "llama.cpp")
-PARTS = ("batch1", "batched", "prefill", "profile")
+ENGINES = (*OURS, "onnxruntime-genai", "openvino-genai", "llama.cpp")
+PARTS = ("batch1", "batched", "context", "prefill", "profile")
+# The engine override (LoadedModel.load's `engine`, a kind) that opens each of the artifact's
+# engines: the first compatible one of that kind.
+ORT_ENGINE, OPENVINO_ENGINE = "onnxruntime", "openvino"
+OPENVINO_BLOCK_SIZE = 32  # the only KV block size OpenVINO's CPU plugin runs
+# The artifact: KV blocks of 32 tokens (the only size OpenVINO's CPU plugin runs) for both
+# engines, and room for the context part's longest prompt and its new tokens.
+CONTEXT_MAX_SEQ_LEN = 4352
 REFERENCE = "ir-fp32"  # greedy reference on the trained model
 WARMUP_TOKENS = 8  # each step reads every weight, so a few steps page them all in
 DECODE_BUDGET_S = 300  # a round's timed run; a slower engine gets a shorter one (flagged)
@@ -111,17 +142,44 @@ PROFILE_SKIP_STEPS = 2  # decode steps after the prefill left out of the profile
 PACKED_PROMPTS = 4  # the packed-prefill comparison: this many prompts vs their concatenation
 WORKER_TIMEOUT_S = 1800
 BUILD_TIMEOUT_S = 3600
-# Bytes per element of each engine's KV cache: ingot's recipe and onnxruntime-genai's CPU
-# build keep fp32, llama.cpp's default cache is f16.
-KV_BYTES = {"ingot": 4, "onnxruntime-genai": 4, "llama.cpp": 2, REFERENCE: 4}
-WEIGHTS = {"ingot": INT4_G32, "onnxruntime-genai": INT4_G32, "llama.cpp": Q4_0, REFERENCE: FLOAT32}
-QUICK = dict(tokens=16, batch=4, runs=1, prefill_prompts=8, prefill_len=64)
+# Bytes per element of each engine's KV cache: ingot's recipe (on either engine) and
+# onnxruntime-genai's CPU build keep fp32, llama.cpp's default cache is f16, OpenVINO GenAI's
+# u8 (its per-block scales and zero points left out).
+KV_BYTES = {
+    "ingot": 4,
+    "ingot-openvino": 4,
+    "onnxruntime-genai": 4,
+    "openvino-genai": 1,
+    "llama.cpp": 2,
+    REFERENCE: 4,
+}
+# OpenVINO GenAI's export keeps fp16 scales per group of 32, as Q4_0 does.
+WEIGHTS = {
+    "ingot": INT4_G32,
+    "ingot-openvino": INT4_G32,
+    "onnxruntime-genai": INT4_G32,
+    "openvino-genai": Q4_0,
+    "llama.cpp": Q4_0,
+    REFERENCE: FLOAT32,
+}
+QUICK = dict(
+    tokens=16,
+    batch=4,
+    runs=1,
+    prefill_prompts=8,
+    prefill_len=64,
+    contexts="32,256,512",
+    context_models="pydoc-16m",
+    context_tokens=8,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.report_only:
-        return rerender(args.out_dir, STEM, markdown)
+        status = rerender(args.out_dir, STEM, markdown)
+        replot(args.out_dir)
+        return status
     watch = LoadWatch(args.threads)
     idle_wait_s = wait_idle(args.wait_idle, _log)
     started = time.perf_counter()
@@ -151,16 +209,33 @@ class Bench:
     def __init__(self, args: argparse.Namespace, tmp: Path, watch: LoadWatch) -> None:
         self.args, self.tmp, self.watch = args, tmp, watch
 
+    @staticmethod
+    def log(message: str) -> None:
+        _log(message)
+
     def model(self, model: BenchModel) -> dict[str, Any]:
         args = self.args
         out: dict[str, Any] = {"config": _model_summary(model)}
         builds = out["builds"] = {}
-        artifact, builds["ingot"] = self._build_ingot(model)
-        ortgenai_dir = None
-        if "onnxruntime-genai" in args.engines and {"batch1", "batched"} & set(args.parts):
-            builds["onnxruntime-genai"], ortgenai_dir = self._build_ortgenai(model)
+        artifact, builds["ingot"] = self._build_ingot(model, self.artifact_shape(), True)
+        if self.separate_openvino_artifact():
+            shape = DecodeArtifact(OPENVINO_BLOCK_SIZE, CONTEXT_MAX_SEQ_LEN, openvino=True)
+            _, builds["ingot-openvino"] = self._build_ingot(model, shape, False)
+        peer_dirs: dict[str, Path | None] = {}
+        timed = {"batch1", "batched", "context"} & set(args.parts)
+        if "onnxruntime-genai" in args.engines and timed:
+            builds["onnxruntime-genai"], peer_dirs["onnxruntime-genai"] = self._build_ortgenai(
+                model
+            )
+        if "openvino-genai" in args.engines and timed:
+            _log(f"model {model.name}: OpenVINO GenAI's export (optimum-intel)")
+            record, peer_dirs["openvino-genai"] = export_openvino_genai(
+                model, args.openvino_genai_python, BUILD_TIMEOUT_S
+            )
+            builds["openvino-genai"] = record
+            self.watch.sample()
         gguf = find_gguf(artifact) if artifact else None
-        loads = self._loads(model, artifact, ortgenai_dir, gguf, builds)
+        loads = self._loads(model, peer_dirs, gguf, builds)
 
         batch1 = [model.prompt_ids]
         batched = model.prompts(args.batch, PROMPT_LEN)
@@ -172,6 +247,8 @@ class Bench:
             _compare_tokens(out["batch1"], out.get("reference"))
         if "batched" in args.parts:
             out["batched"] = self._decode_rounds(model, loads, batched)
+        if "context" in args.parts and model.name in args.context_models:
+            out["context"] = context_part(self, model, loads)
         if "prefill" in args.parts and model.name in args.prefill_models:
             out["prefill"] = self._prefill(model, artifact)
         if "profile" in args.parts:
@@ -181,16 +258,35 @@ class Bench:
             }
         return out
 
-    def _build_ingot(self, model: BenchModel) -> tuple[str | None, dict[str, Any]]:
-        interop = ["gguf"] if "llama.cpp" in self.args.engines and gguf_available() else []
-        _log(f"model {model.name}: building the ingot artifact (interop {interop})")
-        spec = build_spec(model, self.tmp, self.args.threads, interop)
-        built = self._worker(spec, BUILD_TIMEOUT_S)
+    def artifact_shape(self) -> DecodeArtifact:
+        """The ingot row's artifact: blocks of `--ingot-block-size`, a long enough context, and
+        the OpenVINO target where this ingot has it, the run times it and the block size is
+        the one OpenVINO runs (else the OpenVINO row gets an artifact of its own)."""
+        shared = self.args.ingot_block_size == OPENVINO_BLOCK_SIZE and self.openvino_wanted()
+        size = self.args.ingot_block_size
+        return DecodeArtifact(block_size=size, max_seq_len=CONTEXT_MAX_SEQ_LEN, openvino=shared)
+
+    def openvino_wanted(self) -> bool:
+        return "ingot-openvino" in self.args.engines and openvino_available()
+
+    def separate_openvino_artifact(self) -> bool:
+        return self.openvino_wanted() and self.args.ingot_block_size != OPENVINO_BLOCK_SIZE
+
+    def _build_ingot(
+        self, model: BenchModel, shape: DecodeArtifact, with_interop: bool
+    ) -> tuple[str | None, dict[str, Any]]:
+        wants_gguf = with_interop and "llama.cpp" in self.args.engines and gguf_available()
+        interop = ["gguf"] if wants_gguf else []
+        _log(f"model {model.name}: building the ingot artifact ({shape}, interop {interop})")
+        spec = build_spec(model, self.tmp, self.args.threads, interop, shape)
+        built = self.worker(spec, BUILD_TIMEOUT_S)
         self.watch.sample()
         if not built["ok"]:
             return None, built
         built["graphs"] = artifact_graphs(built["artifact"])
         built["interop_requested"] = interop
+        built["shape"] = {"block_size": shape.block_size, "max_seq_len": shape.max_seq_len}
+        built["shape"]["openvino"] = shape.openvino
         return built["artifact"], built
 
     def _build_ortgenai(self, model: BenchModel) -> tuple[dict[str, Any], Path | None]:
@@ -204,22 +300,31 @@ class Bench:
     def _loads(
         self,
         model: BenchModel,
-        artifact: str | None,
-        ortgenai_dir: Path | None,
+        peer_dirs: dict[str, Path | None],
         gguf: Path | None,
         builds: dict[str, Any],
     ) -> dict[str, dict[str, Any] | str]:
-        """Each engine's load arguments, or why it cannot run (a failed row)."""
+        """Each engine's load arguments, or why it cannot run (a failed row). Each case adds
+        its batch, its token budget and the context each sequence needs (`load_for`)."""
         loads: dict[str, dict[str, Any] | str] = {}
-        if artifact is None:
-            loads["ingot"] = f"ingot build failed: {builds['ingot'].get('error')}"
-        else:
-            loads["ingot"] = {"artifact": artifact}
-        if ortgenai_dir is None:
-            failed = builds.get("onnxruntime-genai") or {}
-            loads["onnxruntime-genai"] = f"model builder failed: {failed.get('error')}"
-        else:
-            loads["onnxruntime-genai"] = {"model_dir": str(ortgenai_dir)}
+        for engine, name in (("ingot", ORT_ENGINE), ("ingot-openvino", OPENVINO_ENGINE)):
+            # Each row's own artifact, else the one both share.
+            built = builds.get(engine) or builds["ingot"]
+            if not built.get("ok"):
+                loads[engine] = f"ingot build failed: {built.get('error')}"
+            elif engine == "ingot-openvino" and not built["shape"]["openvino"]:
+                loads[engine] = "this ingot has no `openvino` engine target (pipeline/engines)"
+            elif built["shape"]["openvino"]:  # two engines: name the one the row runs
+                loads[engine] = {"artifact": built["artifact"], "engine": name}
+            else:
+                loads[engine] = {"artifact": built["artifact"]}
+        for peer, key in (("onnxruntime-genai", "model_dir"), ("openvino-genai", "model_dir")):
+            if peer_dirs.get(peer) is None:
+                failed = builds.get(peer) or {}
+                loads[peer] = f"{peer}'s model build failed: {failed.get('error')}"
+            else:
+                loads[peer] = {key: str(peer_dirs[peer]), "threads": self.args.threads}
+                loads[peer] |= {"kv_bytes_per_token": _kv_bytes_per_token(model, peer)}
         missing = missing_peer(LLAMA_CPP, LLAMA_CPP_DISTRIBUTION, self.args.llama_cpp_python)
         if missing is not None:
             loads["llama.cpp"] = missing["error"]
@@ -227,10 +332,7 @@ class Bench:
             why = "" if gguf_available() else " (this ingot has no `interop: [gguf]`)"
             loads["llama.cpp"] = f"no GGUF in the ingot artifact{why}"
         else:
-            # Each sequence's share of the context: its prompt and output, rounded up.
-            ctx = -(-(PROMPT_LEN + self.args.tokens + 1) // 256) * 256
             loads["llama.cpp"] = {"gguf": str(gguf), "threads": self.args.threads}
-            loads["llama.cpp"] |= {"ctx_per_seq": ctx}
         return loads
 
     def _decode_rounds(
@@ -268,12 +370,10 @@ class Bench:
     ) -> dict[str, Any]:
         args = self.args
         tokens, batch = args.tokens, len(prompts)
-        traffic = self._traffic(model, engine, batch, len(prompts[0]), tokens)
+        traffic = self.traffic(model, engine, batch, len(prompts[0]), tokens)
         if isinstance(load, str):
             return {"ok": False, "error": load, "traffic": traffic}
-        load = dict(load)
-        if engine in ("ingot", "llama.cpp"):
-            load |= {"batch": batch, "batched_tokens": sum(map(len, prompts))}
+        load = self.load_for(load, prompts, tokens)
         _log(f"model {model.name}: {engine}, {batch} x {tokens} tokens")
         spec = {
             "kind": "decode",
@@ -286,16 +386,32 @@ class Bench:
             "budget_s": DECODE_BUDGET_S,
             "reduced_budget_s": REDUCED_BUDGET_S,
         }
-        python = {
-            "onnxruntime-genai": args.ortgenai_python,
-            "llama.cpp": args.llama_cpp_python,
-        }.get(engine)
-        result = self._worker(spec, WORKER_TIMEOUT_S, python)
+        result = self.worker(spec, WORKER_TIMEOUT_S, self.python(engine))
         result["load_1min_after"] = self.watch.sample()
         result["traffic"] = traffic
         return result
 
-    def _traffic(
+    @staticmethod
+    def load_for(load: dict[str, Any], prompts: list[list[int]], tokens: int) -> dict[str, Any]:
+        """An engine's load arguments for one case: its batch, the step's token budget (every
+        prompt prefilled in one step) and each sequence's context (its prompt and output, rounded
+        up to 256: the pools of ingot and llama.cpp, the cache of OpenVINO GenAI)."""
+        ctx = -(-(max(map(len, prompts)) + tokens + 1) // 256) * 256
+        return load | {
+            "batch": len(prompts),
+            "batched_tokens": sum(map(len, prompts)),
+            "ctx_per_seq": ctx,
+        }
+
+    def python(self, engine: str) -> Path | None:
+        """The interpreter of `engine`'s worker: a peer's own virtualenv, else this one."""
+        return {
+            "onnxruntime-genai": self.args.ortgenai_python,
+            "openvino-genai": self.args.openvino_genai_python,
+            "llama.cpp": self.args.llama_cpp_python,
+        }.get(engine)
+
+    def traffic(
         self, model: BenchModel, engine: str, batch: int, prompt_len: int, tokens: int
     ) -> dict[str, Any]:
         cfg = ModelConfig.from_dir(model.path)
@@ -309,7 +425,7 @@ class Bench:
         args = self.args
         many = model.prompts(args.prefill_prompts, args.prefill_len)
         few = many[:PACKED_PROMPTS]
-        packed = [t for p in few for t in p][: export_max_seq_len(model) - 1]
+        packed = [t for p in few for t in p][: export_max_seq_len(model, CONTEXT_MAX_SEQ_LEN) - 1]
         cases = [
             {"name": "batched", "prompts": many},
             {"name": "batched", "prompts": few},
@@ -317,7 +433,7 @@ class Bench:
         ]
         _log(f"model {model.name}: ingot prefill")
         spec = {"kind": "prefill", "artifact": artifact, "cases": cases, "runs": args.runs}
-        result = self._worker(spec, WORKER_TIMEOUT_S)
+        result = self.worker(spec, WORKER_TIMEOUT_S)
         result["load_1min_after"] = self.watch.sample()
         return result
 
@@ -335,11 +451,11 @@ class Bench:
             "skip_steps": PROFILE_SKIP_STEPS,
             "prefix": str(self.tmp / f"ort-profile-{model.name}-{len(prompts)}"),
         }
-        result = self._worker(spec, WORKER_TIMEOUT_S)
+        result = self.worker(spec, WORKER_TIMEOUT_S)
         result["load_1min_after"] = self.watch.sample()
         return result
 
-    def _worker(self, spec: dict, timeout_s: float, python: Path | None = None) -> dict:
+    def worker(self, spec: dict, timeout_s: float, python: Path | None = None) -> dict:
         """Run one spec in a fresh process; a crash or timeout becomes an error record."""
         started = time.perf_counter()
         try:
@@ -348,6 +464,11 @@ class Bench:
             return {"ok": False, "error": str(e)}
         result["wall_s"] = time.perf_counter() - started
         return result
+
+
+def _kv_bytes_per_token(model: BenchModel, engine: str) -> int:
+    cfg = ModelConfig.from_dir(model.path)
+    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * KV_BYTES[engine]
 
 
 def _compare_tokens(cases: dict[str, dict[str, Any]], reference: dict | None) -> None:
@@ -376,7 +497,7 @@ def _model_summary(model: BenchModel) -> dict[str, Any]:
         "hidden": cfg.hidden_size,
         "vocab": cfg.vocab_size,
         "tied_embeddings": cfg.tie_word_embeddings,
-        "export_max_seq_len": export_max_seq_len(model),
+        "export_max_seq_len": export_max_seq_len(model, CONTEXT_MAX_SEQ_LEN),
         "prompt_tokens": len(model.prompt_ids),
     }
 
@@ -395,7 +516,10 @@ def _report(
     peers = {
         ORTGENAI: peer_version(args.ortgenai_python, ORTGENAI),
         f"onnxruntime (with {ORTGENAI})": peer_version(args.ortgenai_python, "onnxruntime"),
+        OPENVINO_GENAI: peer_version(args.openvino_genai_python, OPENVINO_GENAI),
+        f"openvino (with {OPENVINO_GENAI})": peer_version(args.openvino_genai_python, "openvino"),
         LLAMA_CPP_DISTRIBUTION: peer_version(args.llama_cpp_python, LLAMA_CPP_DISTRIBUTION),
+        "openvino (ingot-openvino)": peer_version(Path(sys.executable), "openvino"),
     }
     return {
         "benchmark": "decode",
@@ -419,7 +543,15 @@ def _report(
             "weights": "RTN int4 g32 symmetric, lm_head included",
             "matmul_accuracy_level": MATMUL_ACCURACY_LEVEL,
             "kv_bytes_per_element": KV_BYTES,
-            "kv_block_size": KV_BLOCK_SIZE,
+            "kv_block_size": args.ingot_block_size,
+            "openvino_kv_block_size": OPENVINO_BLOCK_SIZE,
+            "context": {
+                "models": args.context_models,
+                "prompt_tokens": args.contexts,
+                "new_tokens": args.context_tokens,
+                "runs": args.context_runs,
+            },
+            "openvino_engine_override": OPENVINO_ENGINE,
             "prefill": {
                 "models": args.prefill_models,
                 "prompts": args.prefill_prompts,
@@ -446,6 +578,28 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated engines")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts")
+    parser.add_argument(
+        "--contexts",
+        default="32,1024,2048,4096",
+        help=f"the context part's prompt lengths (tokens; at most {CONTEXT_MAX_SEQ_LEN} less "
+        "its new tokens)",
+    )
+    parser.add_argument(
+        "--context-models", default="llama-1b-shape", help="models of the context part"
+    )
+    parser.add_argument(
+        "--context-tokens", type=int, default=32, help="new tokens after each context prompt"
+    )
+    parser.add_argument(
+        "--context-runs", type=int, default=1, help="interleaved rounds of the context part"
+    )
+    parser.add_argument(
+        "--ingot-block-size",
+        type=int,
+        default=32,
+        help="KV block size of the ingot row's artifact: 32 (the default) shares one artifact "
+        "with ingot-openvino, another size builds one artifact per row",
+    )
     parser.add_argument("--prefill-models", default="pydoc-16m", help="models of the prefill part")
     parser.add_argument("--prefill-prompts", type=int, default=32)
     parser.add_argument("--prefill-len", type=int, default=256, help="tokens per prefill prompt")
@@ -475,7 +629,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="FILE",
         help="text of pydoc-16m's batched and prefill prompts (default: %(default)s)",
     )
-    for peer, flag in ((ORTGENAI, "--ortgenai-python"), (LLAMA_CPP, "--llama-cpp-python")):
+    for peer, flag in (
+        (ORTGENAI, "--ortgenai-python"),
+        (OPENVINO_GENAI, "--openvino-genai-python"),
+        (LLAMA_CPP, "--llama-cpp-python"),
+    ):
         parser.add_argument(
             flag,
             type=Path,
@@ -507,6 +665,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{name}: unknown {unknown} (known: {', '.join(known)})")
         setattr(args, name, values)
     args.prefill_models = args.prefill_models.split(",")
+    args.context_models = args.context_models.split(",")
+    args.contexts = sorted(int(n) for n in str(args.contexts).split(","))
+    if args.contexts[-1] + args.context_tokens + 1 > CONTEXT_MAX_SEQ_LEN:
+        parser.error(
+            f"--contexts: the longest prompt and its new tokens pass {CONTEXT_MAX_SEQ_LEN}"
+        )
     return args
 
 

@@ -3,8 +3,9 @@
     python -m benchmarks.decode.engines SPEC.json RESULT.json
 
 Spec kinds: `build` (an ingot artifact from a recipe), `decode` (timed greedy decoding of a
-batch of prompts on one engine), `prefill` (ingot: batches of prompts against one packed
-sequence), `profile` (ingot: one decode under ONNX Runtime's profiler, aggregated per op type).
+batch of prompts on one engine), `context` (one engine at batch 1 after prompts of growing
+length), `prefill` (ingot: batches of prompts against one packed sequence), `profile` (ingot:
+one decode under ONNX Runtime's profiler, aggregated per op type).
 
 A fresh process per job keeps the peak RSS of one engine from leaking into the next and lets
 the parent survive an engine that crashes or runs out of memory. The peers' jobs run under the
@@ -16,7 +17,10 @@ Engines (every one greedy, EOS ignored, a fixed number of new tokens per sequenc
 - `ir-fp32`: ingot's PyTorch IR of the checkpoint in fp32, batch 1: the greedy reference.
 - `ingot`: the artifact through ingot's public runtime API (`LoadedModel.load`, `Generator`):
   all the batch's prompts added to one Generator (in-flight batching), prefix caching off.
+- `ingot-openvino`: the same, on the artifact's OpenVINO engine (the load's engine override).
 - `onnxruntime-genai`: its Generator on its own model builder's output, one static batch.
+- `openvino-genai`: its LLMPipeline (batch 1) or ContinuousBatchingPipeline on its own
+  export (ovgenai.py).
 - `llama.cpp`: llama-cpp-python's low-level API (`llama_decode` on a `llama_batch`) over the
   GGUF ingot exported: one sequence id per prompt, all decoded together.
 
@@ -36,10 +40,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.decode.ovgenai import load_openvino_genai
 from benchmarks.harness.launch import worker_main
 from benchmarks.harness.machine import memory_status
 
-__all__ = ["ENGINES", "generator_runner", "percentile", "run_metrics", "run_spec", "summarize_runs"]
+__all__ = [
+    "ENGINES",
+    "generator_runner",
+    "percentile",
+    "pool_blocks",
+    "run_metrics",
+    "run_spec",
+    "summarize_runs",
+]
 
 # One run: (start time, per sequence (new token ids, one timestamp per token)).
 Trace = tuple[float, list[tuple[list[int], list[float]]]]
@@ -78,30 +91,60 @@ def open_ingot(
     batched_tokens: int,
     profile_file_prefix: str | None = None,
     engine: str | None = None,
+    ctx_per_seq: int | None = None,
 ):
     """A Generator over the artifact for `batch` sequences at once; `batched_tokens` is the
     step's token budget (big enough that every prompt of the batch is prefilled in one step).
     Prefix caching is off: repeated runs of one prompt must compute it again. `engine`: the
-    artifact's engine by name or kind (None: the first this host runs, as `ingot serve`)."""
+    artifact's engine by name or kind (None: the first this host runs, as `ingot serve`). The
+    pool holds `batch`
+    sequences of `ctx_per_seq` tokens (at least one of max_seq_len, as the runtime insists),
+    or, without `ctx_per_seq`, is sized automatically."""
     from ingot.runtime import LoadedModel
 
+    sizing: dict[str, Any] = {"kv_cache_bytes": None}  # auto: at most `batch` of max_seq_len
+    if ctx_per_seq is not None:
+        manifest = json.loads((Path(artifact) / "manifest.json").read_text())
+        max_seq_len = manifest["model"]["max_seq_len"]
+        blocks = pool_blocks(batch, ctx_per_seq, max_seq_len, manifest["graph"]["kv_block_size"])
+        sizing = {"kv_cache_blocks": blocks}
     model = LoadedModel.load(
         artifact,
-        kv_cache_bytes=None,  # auto: at most `batch` sequences of max_seq_len
         max_num_seqs=batch,
         max_num_batched_tokens=max(2048, batched_tokens),
         enable_prefix_caching=False,
         profile_file_prefix=profile_file_prefix,
         engine=engine,
+        **sizing,
     )
     return model, model.generator()
 
 
+def pool_blocks(batch: int, ctx_per_seq: int, max_seq_len: int, block_size: int) -> int:
+    """Blocks of a pool for `batch` sequences of `ctx_per_seq` tokens, at least one sequence of
+    `max_seq_len` (LoadedModel.load insists on it), plus one spare."""
+    per_seq = -(-ctx_per_seq // block_size)
+    return max(batch * per_seq, -(-max_seq_len // block_size)) + 1
+
+
 def load_ingot(
-    artifact: str, batch: int, batched_tokens: int, engine: str | None = None, **_: Any
+    artifact: str,
+    batch: int,
+    batched_tokens: int,
+    engine: str | None = None,
+    ctx_per_seq: int | None = None,
+    **_: Any,
 ) -> Runner:
-    _, generator = open_ingot(artifact, batch, batched_tokens, engine=engine)
-    return generator_runner(generator)
+    model, generator = open_ingot(
+        artifact, batch, batched_tokens, engine=engine, ctx_per_seq=ctx_per_seq
+    )
+    run = generator_runner(generator)
+    run.info = {  # type: ignore[attr-defined]
+        "engine": model.engine.name,
+        "kv_blocks": model.pool.num_blocks,
+        "kv_bytes": model.pool.nbytes,
+    }
+    return run
 
 
 def generator_runner(generator: Any) -> Runner:
@@ -287,7 +330,9 @@ def _llama_info(lib: Any, model: Any) -> dict[str, Any]:
 ENGINES: dict[str, Callable[..., Runner]] = {
     "ir-fp32": load_ir,
     "ingot": load_ingot,
+    "ingot-openvino": load_ingot,  # the same artifact, its load spec naming the engine
     "onnxruntime-genai": load_ortgenai,
+    "openvino-genai": load_openvino_genai,
     "llama.cpp": load_llama_cpp,
 }
 
@@ -383,6 +428,28 @@ def _fit_budget(spec: dict[str, Any], rate: float | None) -> tuple[int, int, dic
     return 1, short, {"runs": 1, "tokens": short, "reason": reason}
 
 
+def run_context(spec: dict[str, Any]) -> dict[str, Any]:
+    """Batch-1 decode after prompts of growing length on one loaded engine: each point's TTFT
+    and decode rate. The warm-up runs the longest prompt (for `warmup_tokens`), so that no
+    point pays the first growth of an allocator or the first compilation of a shape the others
+    reuse; the process's peak RSS (run_spec adds it) is then that of the engine loaded and the
+    longest prompt prefilled in one step, the most any point needs."""
+    started = time.perf_counter()
+    runner = ENGINES[spec["engine"]](**spec["load"])
+    load_s = time.perf_counter() - started
+    contexts, n = spec["contexts"], spec["tokens"]
+    warmup = run_metrics(runner([contexts[-1]], spec["warmup_tokens"]), spec["warmup_tokens"])
+    warmup.pop("intervals_s")
+    points = []
+    for prompt in contexts:
+        metrics = run_metrics(runner([prompt], n), n)
+        summary = summarize_runs([metrics])  # takes the intervals out of `metrics`
+        points.append({"prompt_tokens": len(prompt), "runs": [metrics]} | summary)
+    return {"load_s": load_s, "info": getattr(runner, "info", None), "warmup": warmup} | {
+        "points": points
+    }
+
+
 def run_prefill(spec: dict[str, Any]) -> dict[str, Any]:
     """Time to prefill each case's prompts at once (one new token each) through the runtime."""
     from ingot.runtime import SamplingParams
@@ -434,7 +501,10 @@ def run_profile(spec: dict[str, Any]) -> dict[str, Any]:
 
     prompts, n = spec["prompts"], spec["tokens"]
     batched = sum(map(len, prompts))
-    model, generator = open_ingot(spec["artifact"], len(prompts), batched, spec["prefix"])
+    ctx = max(map(len, prompts)) + n + 1
+    model, generator = open_ingot(
+        spec["artifact"], len(prompts), batched, spec["prefix"], ctx_per_seq=ctx
+    )
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     for p in prompts:
         generator.add(p, params)
@@ -510,6 +580,7 @@ def run_build(spec: dict[str, Any]) -> dict[str, Any]:
 
 _KINDS = {
     "decode": run_decode,
+    "context": run_context,
     "prefill": run_prefill,
     "profile": run_profile,
     "build": run_build,

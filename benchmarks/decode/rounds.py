@@ -1,17 +1,21 @@
 """The decode benchmark's rounds (harness.rounds.interleave: every engine's case once per
-round, in turn) merged into one case per engine, with the paired ratios ingot / peer and the
-fraction of the memory-bandwidth bound. The bandwidth is measured in each round too, so each
-round's fraction of the bound divides by that round's own bandwidth.
+round, in turn) merged into one case per engine, with the paired ratios of ingot's engines to
+each peer and to the best peer, and the fraction of the memory-bandwidth bound. The bandwidth
+is measured in each round too, so each round's fraction of the bound divides by that round's
+own bandwidth.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.harness.rounds import paired
+from benchmarks.harness.rounds import Paired, paired
 
-__all__ = ["merge_rounds", "pair_ratios", "round_bounds"]
+__all__ = ["OURS", "best_peer", "merge_rounds", "pair_ratios", "round_bounds"]
+
+OURS = ("ingot", "ingot-openvino")  # one artifact, its two engines: every other is a peer
 
 
 def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -40,6 +44,7 @@ def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "rounds": [
             {
                 "tokens_per_s": r["tokens_per_s"],
+                "ttft_s": r.get("ttft_s"),
                 "load_1min_after": r["load_1min_after"],
                 "load_s": r.get("load_s"),
             }
@@ -49,20 +54,41 @@ def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def pair_ratios(cases: dict[str, dict[str, Any]], ours: str = "ingot") -> None:
-    """Each peer case gains `ingot_ratio`: the median over rounds of ours / peer in that
-    round (None unless both have every round)."""
-    mine = cases.get(ours, {})
-    for engine, case in cases.items():
-        if engine == ours:
-            continue
-        a, b = mine.get("rounds"), case.get("rounds")
-        if not (mine.get("ok") and case.get("ok") and a and b and len(a) == len(b)):
-            case["ingot_ratio"] = None
-            continue
-        ratio = paired([x["tokens_per_s"] for x in a], [y["tokens_per_s"] for y in b])
-        case["ingot_ratio_rounds"] = ratio.rounds
-        case["ingot_ratio"] = ratio.median
+def pair_ratios(cases: dict[str, dict[str, Any]], ours: Sequence[str] = OURS) -> None:
+    """Each peer case (an engine not in `ours`) gains `ratios`: for each of ours, the median
+    over rounds of ours / peer in that round, and `ratio_rounds` those rounds' ratios (None
+    unless both have every round); `ingot_ratio` and `ingot_ratio_rounds` are ingot's. Each of
+    ours gains `best_peer`: the peer of the highest tok/s and the paired ratio to it."""
+    peers = {e: c for e, c in cases.items() if e not in ours}
+    for case in peers.values():
+        case["ratios"], case["ratio_rounds"] = {}, {}
+        for mine in ours:
+            ratio = _paired(cases.get(mine, {}), case, "tokens_per_s")
+            case["ratios"][mine] = ratio and ratio.median
+            case["ratio_rounds"][mine] = ratio and ratio.rounds
+        case["ingot_ratio"] = case["ratios"].get("ingot")
+        case["ingot_ratio_rounds"] = case["ratio_rounds"].get("ingot")
+    ok = {e: c for e, c in peers.items() if c.get("ok")}
+    best = max(ok, key=lambda e: ok[e].get("tokens_per_s") or 0.0, default=None)
+    for mine in ours:
+        if mine in cases:
+            cases[mine]["best_peer"] = best_peer(cases[mine], ok.get(best), best)
+
+
+def best_peer(
+    mine: dict[str, Any], peer: dict[str, Any] | None, name: str | None, key: str = "tokens_per_s"
+) -> dict[str, Any]:
+    """mine / the best peer's `key`, paired by round: {engine, ratio, rounds}, the ratio None
+    where either has no number for every round."""
+    ratio = _paired(mine, peer or {}, key)
+    return {"engine": name, "ratio": ratio and ratio.median, "rounds": ratio and ratio.rounds}
+
+
+def _paired(mine: dict[str, Any], peer: dict[str, Any], key: str) -> Paired | None:
+    a, b = mine.get("rounds"), peer.get("rounds")
+    if not (mine.get("ok") and peer.get("ok") and a and b and len(a) == len(b)):
+        return None
+    return paired([x[key] for x in a], [y[key] for y in b])
 
 
 def round_bounds(case: dict[str, Any], bandwidths: list[float]) -> None:

@@ -2,18 +2,18 @@
 
     python -m benchmarks.spike.openvino_worker SPEC.json RESULT.json
 
-Kinds: `decode` (benchmarks/decode/engines.py's timed greedy decoding, with this module's two
-engines registered there) and `check` (ov_check.py's comparisons; OpenVINO's virtualenv).
+Kinds: `decode` (benchmarks/decode/engines.py's timed greedy decoding, with this module's
+`openvino` engine registered there) and `check` (ov_check.py's comparisons; OpenVINO's virtualenv).
 
 Engines, both ingot's Generator (its scheduler, block allocator and batches; prefix caching
 off, every prompt of the batch prefilled in one step) over one artifact:
 
-- `ingot`: the artifact's ONNX Runtime engine (LoadedModel.load), in ingot's virtualenv;
+- `ingot`: the artifact's ONNX Runtime engine (engines.load_ingot), in ingot's virtualenv;
 - `openvino`: ov_runner.OpenVinoRunner, the same weights on OpenVINO's CPU plugin, with the
   load spec's `precision` / `kv` / `dyn_quant` (ov_runner.compile_config), in OpenVINO's.
 
 Each pool holds `batch` sequences of `ctx_per_seq` tokens, and at least one of max_seq_len
-(what LoadedModel.load insists on), in the engine's own block size.
+(what LoadedModel.load insists on), in the engine's own block size (engines.pool_blocks).
 """
 
 from __future__ import annotations
@@ -24,29 +24,6 @@ from benchmarks.decode import engines
 from benchmarks.harness.launch import worker_main
 
 __all__ = ["run_spec"]
-
-
-def _blocks(batch: int, ctx_per_seq: int, max_seq_len: int, block_size: int) -> int:
-    per_seq = -(-ctx_per_seq // block_size)
-    return max(batch * per_seq, -(-max_seq_len // block_size)) + 1
-
-
-def load_ingot(artifact: str, batch: int, batched_tokens: int, ctx_per_seq: int, **_: Any):
-    from ingot.artifacts import verify_artifact
-    from ingot.runtime import LoadedModel
-
-    manifest = verify_artifact(artifact)
-    blocks = _blocks(batch, ctx_per_seq, manifest.model.max_seq_len, manifest.graph.kv_block_size)
-    model = LoadedModel.load(
-        artifact,
-        kv_cache_blocks=blocks,
-        max_num_seqs=batch,
-        max_num_batched_tokens=max(2048, batched_tokens),
-        enable_prefix_caching=False,
-    )
-    run = engines.generator_runner(model.generator())
-    run.info = {"kv_blocks": blocks, "kv_bytes": model.pool.nbytes}  # type: ignore[attr-defined]
-    return run
 
 
 def open_ov_generator(
@@ -68,7 +45,7 @@ def open_ov_generator(
 
     manifest = verify_artifact(artifact)
     model = manifest.model
-    blocks = _blocks(batch, ctx_per_seq, model.max_seq_len, CPU_BLOCK_SIZE)
+    blocks = engines.pool_blocks(batch, ctx_per_seq, model.max_seq_len, CPU_BLOCK_SIZE)
     config = compile_config(threads, precision, kv, dyn_quant)
     runner, pool, info = open_openvino(artifact, blocks, config)
     generator = Generator(
@@ -97,7 +74,6 @@ def load_openvino(**load: Any) -> engines.Runner:
     return run
 
 
-engines.ENGINES["ingot"] = load_ingot  # sized pools (engines.py's own sizes them by budget)
 engines.ENGINES["openvino"] = load_openvino
 
 
