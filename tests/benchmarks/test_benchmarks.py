@@ -49,6 +49,11 @@ BENCHMARKS = {
         "markdown",
     ),
     "benchmarks.spike.kernels": (["spike_kernels"], "benchmarks.spike.kernels_report", "markdown"),
+    "benchmarks.spike.llamacpp": (
+        ["spike_llamacpp"],
+        "benchmarks.spike.llamacpp_report",
+        "markdown",
+    ),
 }
 # Reports whose JSON was written with sorted keys, which reorders their tables (engines,
 # library versions, rounds' systems) when rendered again from it: their markdown is the
