@@ -47,6 +47,8 @@ from benchmarks.harness.machine import memory_status
 __all__ = [
     "ENGINES",
     "generator_runner",
+    "llama_clear",
+    "llama_open",
     "percentile",
     "pool_blocks",
     "run_metrics",
@@ -198,20 +200,27 @@ def load_ortgenai(model_dir: str, **_: Any) -> Runner:
 
 
 def load_llama_cpp(
-    gguf: str, threads: int, batch: int, batched_tokens: int, ctx_per_seq: int, **_: Any
+    gguf: str,
+    threads: int,
+    batch: int,
+    batched_tokens: int,
+    ctx_per_seq: int,
+    kv_type: str | None = None,
+    **_: Any,
 ) -> Runner:
     """llama.cpp through llama-cpp-python's ctypes API: one llama_batch for the prompts (the
-    prefill), then one per step holding each sequence's last token."""
+    prefill), then one per step holding each sequence's last token. `kv_type`: the K and V
+    cache's ggml type ("q8_0", ...; llama.cpp's default f16 when None)."""
     import llama_cpp as lib
     import numpy as np
 
     n_batch = max(batched_tokens, batch)
-    model, ctx, params = _llama_open(lib, gguf, threads, batch, n_batch, ctx_per_seq)
+    model, ctx, params = llama_open(lib, gguf, threads, batch, n_batch, ctx_per_seq, kv_type)
     try:
         n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
     except AttributeError:
         n_vocab = lib.llama_n_vocab(model)
-    clear = _llama_clear(lib, ctx)
+    clear = llama_clear(lib, ctx)
     lbatch = lib.llama_batch_init(n_batch, 0, 1)
 
     def decode(entries: list[tuple[int, int, int, bool]]) -> None:
@@ -262,11 +271,20 @@ def load_llama_cpp(
     return run
 
 
-def _llama_open(
-    lib: Any, gguf: str, threads: int, batch: int, n_batch: int, ctx_per_seq: int
+def llama_open(
+    lib: Any,
+    gguf: str,
+    threads: int,
+    batch: int,
+    n_batch: int,
+    ctx_per_seq: int,
+    kv_type: str | None = None,
+    **context: Any,
 ) -> tuple[Any, Any, Any]:
     """The GGUF's model and a context for `batch` sequences of `ctx_per_seq` tokens each,
-    `n_batch` tokens a call, on `threads` threads: (model, context, its parameters)."""
+    `n_batch` tokens a call, on `threads` threads, K/V cached as `kv_type` (None: llama.cpp's
+    default), with any other context parameter in `context` (kv_unified=True, ...): (model,
+    context, its parameters)."""
     _try_call(lib, ("llama_backend_init",))
     model = _try_call(
         lib,
@@ -283,6 +301,10 @@ def _llama_open(
     params.n_seq_max = batch
     params.n_threads = threads
     params.n_threads_batch = threads
+    if kv_type is not None:  # a quantized V cache needs flash attention (auto enables it)
+        params.type_k = params.type_v = getattr(lib, f"GGML_TYPE_{kv_type.upper()}")
+    for name, value in context.items():
+        setattr(params, name, value)
     ctx = _try_call(lib, ("llama_init_from_model", "llama_new_context_with_model"), model, params)
     if not ctx:
         raise RuntimeError("llama.cpp could not create a context")
@@ -301,7 +323,7 @@ def _try_call(lib: Any, names: Sequence[str], *args: Any) -> Any:
     raise RuntimeError(f"llama-cpp-python has none of {', '.join(names)}")
 
 
-def _llama_clear(lib: Any, ctx: Any) -> Callable[[], None]:
+def llama_clear(lib: Any, ctx: Any) -> Callable[[], None]:
     """Empties every sequence's KV cache (the call's name depends on the release)."""
     if hasattr(lib, "llama_memory_clear") and hasattr(lib, "llama_get_memory"):
         memory = lib.llama_get_memory(ctx)

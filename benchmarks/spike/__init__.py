@@ -6,4 +6,7 @@ the PagedAttention operation over ingot's block tables) driven by ingot's own Ge
 (benchmarks/spike/openvino.py; the OpenVINO side runs in benchmarks/.venvs/openvino).
 `kernels`: kernels of our own (spike/kernels/: int4 g32 GEMV/GEMM with AVX-512 VNNI, paged
 decode attention over ingot's pool) against MatMulNBits and gather + Attention.
+`llamacpp`: the GGUF ingot writes beside the same weights, run by llama.cpp through
+llama-cpp-python's batch API, and what its per-sequence KV operations do for ingot's scheduler
+(llamacpp_kv.py); with onnxruntime-ggml (ingot's engine graph with the ggml provider first).
 """

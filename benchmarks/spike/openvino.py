@@ -26,22 +26,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.decode.models import MODELS, PROMPT_LEN, BenchModel, prepare_model
-from benchmarks.decode.rounds import merge_rounds
-from benchmarks.harness.launch import WorkerFailed, run_worker
-from benchmarks.harness.load import LoadWatch
+from benchmarks.decode.models import MODELS, BenchModel
 from benchmarks.harness.machine import machine_info
 from benchmarks.harness.paths import RESULTS, data_dir, models_dir, peer_python, peer_version
 from benchmarks.harness.report import add_report_only, publish, rerender
-from benchmarks.harness.rounds import interleave
-from benchmarks.spike.openvino_report import markdown, pair_with_ingot
+from benchmarks.spike.cases import (
+    CASES,
+    LONG_CONTEXT,
+    WARMUP_TOKENS,
+    decode_spec,
+    measure_parts,
+    run_case,
+    run_job,
+)
+from benchmarks.spike.openvino_report import markdown
 
 STEM = "spike_openvino"
 WORKER = "benchmarks.spike.openvino_worker"
@@ -51,14 +52,6 @@ ENGINES = {  # name -> the worker's engine and its OpenVINO settings
     "openvino-f32": {"precision": "f32", "kv": "f32", "dyn_quant": 32},
     "openvino": {"precision": "bf16", "kv": "u8", "dyn_quant": 32},
 }
-CASES = {  # part -> (sequences, prompt tokens or None for the long one, new tokens)
-    "batch1": (1, PROMPT_LEN, 128),
-    "batched": (32, PROMPT_LEN, 64),
-    "long": (1, None, 128),
-}
-LONG_CONTEXT = 4096
-WARMUP_TOKENS = 4
-TIMEOUT_S = 1800
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,48 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         return rerender(args.out_dir, STEM, markdown)
     report = _previous(args.out_dir)
-    watch = LoadWatch(args.threads)
     report["machine"] = machine_info()
     report["versions"] = _versions()
-    models = report.setdefault("models", {})
-    with tempfile.TemporaryDirectory(prefix="spike-openvino-") as tmp:
-        for name in args.models:
-            model = prepare_model(name, args.models_dir, args.eval_text)
-            entry = models.setdefault(name, {})
-            _log(f"{name}: building the artifact")
-            from benchmarks.spike.ov_artifacts import build_artifact
-
-            built = build_artifact(model, Path(tmp), args.threads)
-            entry["artifact"] = {k: built.get(k) for k in ("ok", "artifact", "error", "seconds")}
-            if not built.get("ok"):
-                continue
-            for part in args.parts:
-                _log(f"{name}: {part}")
-                case_watch = LoadWatch(args.threads, timed=part != "check")  # untimed
-                if part == "check":
-                    entry["check"] = _check(model, built["artifact"], args, Path(tmp))
-                else:
-                    case = _case(model, built["artifact"], part, args, Path(tmp), case_watch)
-                    entry.setdefault("cases", {})[part] = case
-                case_watch.sample()
-                entry.setdefault("loads", {})[part] = case_watch.record()
-                entry.setdefault("refused", {})[part] = case_watch.refusal()
-                watch.samples += case_watch.samples
-    # Every part's samples, this run's and the kept ones': the report's load line covers it all.
-    samples = [
-        v
-        for e in models.values()
-        for r in e.get("loads", {}).values()
-        for v in r["load_1min_samples"]
-    ]
-    report["load"] = watch.record() | {"load_1min_samples": samples}
-    refused = [
-        f"{m}/{p}: {why}"
-        for m, e in models.items()
-        for p, why in e.get("refused", {}).items()
-        if why
-    ]
-    report["refused"] = "; ".join(refused) or None
+    measure_parts(
+        report,
+        args,
+        (),
+        lambda model, artifact, tmp: _check(model, artifact, args, tmp),
+        lambda model, artifact, part, tmp, watch: _case(model, artifact, part, args, tmp, watch),
+    )
     return publish(report, args.out_dir, STEM, markdown)
 
 
@@ -134,54 +94,22 @@ def _versions() -> dict[str, Any]:
     return {"openvino venv": out, "ingot venv": {"onnxruntime": _version("onnxruntime")}}
 
 
-def _long_prompt(model: BenchModel, artifact: str) -> list[int]:
-    max_seq_len = json.loads((Path(artifact) / "manifest.json").read_text())["model"]
-    context = min(LONG_CONTEXT, max_seq_len["max_seq_len"])
-    return model.prompts(1, context - CASES["long"][2])[0]
-
-
 def _case(
     model: BenchModel, artifact: str, part: str, args: argparse.Namespace, tmp: Path, watch
 ) -> dict[str, Any]:
-    sequences, prompt_len, tokens = CASES[part]
-    if prompt_len is None:
-        prompts = [_long_prompt(model, artifact)]
-    elif sequences == 1:
-        prompts = [list(model.prompt_ids)]
-    else:
-        prompts = model.prompts(sequences, prompt_len)
-    ctx = max(map(len, prompts)) + tokens + 1
-
-    def run(engine: str, _: int) -> dict[str, Any]:
+    def job(engine: str, prompts: list[list[int]], tokens: int, ctx: int) -> dict[str, Any]:
         settings = ENGINES[engine]
         load = {"artifact": artifact, "batch": len(prompts), "ctx_per_seq": ctx}
         load["batched_tokens"] = sum(map(len, prompts))
         if settings:
             load |= {"threads": args.threads, **settings}
-        spec = {
-            "kind": "decode",
-            "engine": "openvino" if settings else "ingot",
-            "load": load,
-            "prompts": prompts,
-            "tokens": tokens,
-            "warmup_tokens": WARMUP_TOKENS,
-            "runs": 1,
-            "budget_s": TIMEOUT_S,
-            "reduced_budget_s": TIMEOUT_S / 2,
-        }
+        spec = decode_spec("openvino" if settings else "ingot", load, prompts, tokens)
         python = peer_python("openvino") if settings else None
-        result = _worker(spec, tmp, python)
+        result = run_job(WORKER, spec, tmp, python)
         watch.sample()
-        _log(f"  {engine}: {result.get('tokens_per_s') or result.get('error')}")
         return result
 
-    rounds = interleave(list(args.engines), args.rounds, run)
-    engines = {name: merge_rounds(r) for name, r in rounds.items()}
-    pair_with_ingot(engines)
-    prompt_lens = sorted({len(p) for p in prompts})
-    return {"sequences": len(prompts), "prompt_tokens": prompt_lens, "new_tokens": tokens} | {
-        "engines": engines
-    }
+    return run_case(model, artifact, part, list(args.engines), args.rounds, job)
 
 
 def _check(model: BenchModel, artifact: str, args: argparse.Namespace, tmp: Path) -> dict:
@@ -193,18 +121,7 @@ def _check(model: BenchModel, artifact: str, args: argparse.Namespace, tmp: Path
         "greedy_tokens": 32,
         "configs": {k: v for k, v in ENGINES.items() if v},
     }
-    return _worker(spec, tmp, peer_python("openvino"))
-
-
-def _worker(spec: dict, tmp: Path, python: Path | None) -> dict[str, Any]:
-    started = time.perf_counter()
-    try:
-        result = run_worker(WORKER, spec, tmp, TIMEOUT_S, python)
-    except WorkerFailed as e:
-        return {"ok": False, "error": str(e)}
-    result["wall_s"] = time.perf_counter() - started
-    result["load_1min_after"] = os.getloadavg()[0]
-    return result
+    return run_job(WORKER, spec, tmp, peer_python("openvino"))
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -226,10 +143,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add_report_only(parser)
     return parser.parse_args(argv)
-
-
-def _log(message: str) -> None:
-    print(f"[spike_openvino] {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

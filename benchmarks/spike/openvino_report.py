@@ -9,7 +9,7 @@ from typing import Any
 from benchmarks.harness.load import load_line
 from benchmarks.harness.rounds import paired, ranged
 
-__all__ = ["markdown", "pair_with_ingot"]
+__all__ = ["case_section", "markdown", "pair_with_ingot"]
 
 _CASE_TITLES = {
     "batch1": "Batch 1, 32-token prompt",
@@ -80,7 +80,7 @@ def markdown(report: dict[str, Any]) -> str:
         rows = [(n, e.get("cases", {}).get(part)) for n, e in report.get("models", {}).items()]
         rows = [(n, c) for n, c in rows if c]
         if rows:
-            lines += _case_section(title, rows)
+            lines += case_section(title, rows)
     lines += [
         "Notes:",
         "",
@@ -158,7 +158,7 @@ def _route_a_line(route_a: dict[str, Any]) -> str:
     )
 
 
-def _case_section(title: str, rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+def case_section(title: str, rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     lines = [
         f"## {title}",
         "",

@@ -1,9 +1,10 @@
-"""The ingot artifacts the OpenVINO spike runs: the decode benchmark's recipe (RTN int4 g32
+"""The ingot artifacts the spike's routes run: the decode benchmark's recipe (RTN int4 g32
 symmetric on every linear, lm_head included; fp32 KV; ONNX Runtime CPU at MatMulNBits accuracy
 level 4), with a context long enough for the ~4k-token case on the 1B shape.
 
-Both engines read the same artifact: ingot's ONNX Runtime engine runs its engine graph, the
-OpenVINO model is built from the portable graph's initializers (ov_weights.py): the same
+Every engine reads the same artifact: ingot's ONNX Runtime engine runs its engine graph, the
+OpenVINO model is built from the portable graph's initializers (ov_weights.py), llama.cpp reads
+the GGUF the `gguf` interop format wrote beside them (the same codes as Q4_0 blocks): the same
 codes and scales. Built by the decode benchmark's worker into the benchmark cache (outside the
 repository), reused across runs.
 """
@@ -11,6 +12,7 @@ repository), reused across runs.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +35,15 @@ def spike_max_seq_len(model: BenchModel) -> int:
     return min(config["max_position_embeddings"], LONG_CONTEXT + 256)
 
 
-def build_artifact(model: BenchModel, tmp: Path, threads: int) -> dict[str, Any]:
-    """The build worker's record; `artifact` is the path when `ok`."""
-    recipe = decode_recipe(model, threads, [])
+def build_artifact(
+    model: BenchModel, tmp: Path, threads: int, interop: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The build worker's record; `artifact` is the path when `ok`. `interop`: formats written
+    beside the engine (["gguf"] for the llama.cpp route), each set its own artifact."""
+    recipe = decode_recipe(model, threads, list(interop))
     recipe["export"]["max_seq_len"] = spike_max_seq_len(model)
     name = f"spike-{model.name}-{VARIANT}-ctx{recipe['export']['max_seq_len']}"
+    name += "".join(f"-{fmt}" for fmt in interop)
     recipe["artifact"]["name"] = name
     recipe_file = tmp / f"{name}.yaml"
     recipe_file.write_text(json.dumps(recipe, indent=2))

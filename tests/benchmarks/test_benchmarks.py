@@ -20,6 +20,7 @@ BENCHMARKS = {
     "benchmarks.decode.prefill_split": (["prefill_split"], None, "_markdown"),
     "benchmarks.decode.kernel_ceiling": (["kernel_ceiling"], None, "_markdown"),
     "benchmarks.decode.ab_revisions": (["ab_revisions"], None, "_markdown"),
+    "benchmarks.decode.whole_call": (["whole_call"], None, "_markdown"),
     "benchmarks.serve.serve": (["serve"], "benchmarks.serve.report", "markdown"),
     "benchmarks.serve.serve_overhead": (["serve_overhead"], None, "_markdown"),
     "benchmarks.serve.serve_stall": (["serve_stall"], None, "_markdown"),
@@ -49,6 +50,11 @@ BENCHMARKS = {
         "markdown",
     ),
     "benchmarks.spike.kernels": (["spike_kernels"], "benchmarks.spike.kernels_report", "markdown"),
+    "benchmarks.spike.llamacpp": (
+        ["spike_llamacpp"],
+        "benchmarks.spike.llamacpp_report",
+        "markdown",
+    ),
 }
 # Reports whose JSON was written with sorted keys, which reorders their tables (engines,
 # library versions, rounds' systems) when rendered again from it: their markdown is the
