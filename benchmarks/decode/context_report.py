@@ -79,8 +79,8 @@ def plot_context(report: dict[str, Any], path: Path) -> Path | None:
     ]
     if not rows:
         return None
-    # matplotlib only draws this plot: imported here so the benchmark and its tests run
-    # without it until a context part is published.
+    # Imported here: matplotlib (the dev extra) takes a second to import, and only this
+    # plot uses it.
     import matplotlib
 
     matplotlib.use("Agg")  # no display

@@ -4,7 +4,7 @@ llama.cpp, on one host.
 Reproduce (alone on a quiet machine; about 30 minutes on 2 cores, the committed report's time
 is its `wall_s`; some minutes more the first time, which builds the 1B checkpoint and every
 engine's model into the benchmark cache; writes benchmarks/results/decode.json, decode.md and
-the context part's plot decode_context.png, which needs matplotlib in this interpreter):
+the context part's plot decode_context.png, drawn with matplotlib from the dev extra):
 
     benchmarks/peers/setup.sh onnxruntime-genai llama-cpp openvino-genai
     .venv/bin/python -m benchmarks.decode.decode

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from benchmarks.decode.context import merge_points
 from benchmarks.decode.context_report import plot_context
 from benchmarks.decode.rounds import pair_ratios
@@ -103,7 +101,6 @@ def test_issue27_targets_are_judged_per_engine_and_say_when_unmeasured() -> None
 def test_the_plot_draws_one_line_per_engine_where_there_is_a_context_part(
     tmp_path: Path,
 ) -> None:
-    pytest.importorskip("matplotlib")  # the plot's only user; not in the dev extra
     rounds = {"ingot": [_process([(40.0, 0.1), (20.0, 8.0)], 1)]}
     context = {"points": merge_points(rounds, [32, 4096])}
     report = {
