@@ -64,7 +64,7 @@ def _layer(
     sizes = ops.constant(np.array([hq * d, hkv * d, hkv * d], np.int64))
     q, k, v = ops.variadic_split(qkv, ops.constant(np.int64(-1)), sizes).outputs()
     q, k = _rope(q, hq, d, *rope), _rope(k, hkv, d, *rope)
-    ctx = paged_attention(q, k, v, caches[0], caches[1], paged, hkv, d)  # [T, Hq*D]
+    ctx = paged_attention((q, k, v), caches, paged, (hkv, d))  # [T, Hq*D]
     x = ops.add(x, w.linear(ctx, f"{name}.attn.o_proj")).output(0)
     h = _rms_norm(x, w.array(f"{name}.mlp_norm.weight"), s.rms_eps)
     gate_up = w.linear(h, f"{name}.mlp.gate_up_proj")  # [T, 2 * ffn]

@@ -27,113 +27,19 @@ required"), and decides the caches' element type and shape itself at compile tim
 (`KV_CACHE_PRECISION`): f32 / f16 [blocks, Hkv, 32, D]; u8 (its default) key
 [blocks, Hkv, 32 + 8, D] (per-channel scale and zero point rows after each block's tokens),
 value [blocks, Hkv, 32, D + 8] (per-token scale and zero point). The block size is 32 on CPU.
+
+The op and its shared parameters are the engine's own (runtime/engines/openvino/
+paged_attention.py, promoted from this file); the spike keeps its block-size constant.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-import openvino as ov
-import openvino.opset16 as ops
-from openvino._pyopenvino.op import _PagedAttentionExtension
+from ingot.runtime.engines.openvino.paged_attention import (
+    PagedParams,
+    paged_attention,
+    paged_params,
+)
 
 __all__ = ["CPU_BLOCK_SIZE", "PagedParams", "paged_attention", "paged_params"]
 
 CPU_BLOCK_SIZE = 32  # what the CPU plugin sets on the cache inputs, whatever the model says
-
-
-@dataclass(frozen=True, slots=True)
-class PagedParams:
-    """The call's layout over the block tables: graph parameters shared by every layer."""
-
-    past_lens: ov.Node  # [S] i32: tokens of each sequence already in the cache
-    subsequence_begins: ov.Node  # [S+1] i32: each sequence's first row in the packed tokens
-    block_indices: ov.Node  # [sum blocks] i32: every sequence's block table, concatenated
-    block_indices_begins: ov.Node  # [S+1] i32: where each sequence's table starts there
-    max_context_len: ov.Node  # [] i32: the longest past + new of the call
-
-    def parameters(self) -> list[ov.Node]:
-        return [
-            self.past_lens,
-            self.subsequence_begins,
-            self.block_indices,
-            self.block_indices_begins,
-            self.max_context_len,
-        ]
-
-
-def paged_params() -> PagedParams:
-    def vector(name: str) -> ov.Node:
-        return ops.parameter([-1], ov.Type.i32, name=name)
-
-    return PagedParams(
-        vector("past_lens"),
-        vector("subsequence_begins"),
-        vector("block_indices"),
-        vector("block_indices_begins"),
-        ops.parameter([], ov.Type.i32, name="max_context_len"),
-    )
-
-
-def _const(value: object, dtype: type) -> ov.Node:
-    return ops.constant(np.array(value, dtype=dtype))
-
-
-def paged_attention(
-    query: ov.Output,
-    key: ov.Output,
-    value: ov.Output,
-    key_cache: ov.Node,
-    value_cache: ov.Node,
-    paged: PagedParams,
-    num_kv_heads: int,
-    head_dim: int,
-    sliding_window: int = 0,
-) -> ov.Output:
-    """Attention of the packed new tokens over their sequences' cached and new K/V:
-    query [T, Hq*D], key / value [T, Hkv*D] (K already rotated) -> [T, Hq*D]."""
-    none_i32, none_f32 = _const(np.zeros(0), np.int32), _const(np.zeros(0), np.float32)
-    zero_i32 = _const(0, np.int32)
-    inputs = [
-        query,
-        key,
-        value,
-        key_cache,
-        value_cache,
-        paged.past_lens,
-        paged.subsequence_begins,
-        paged.block_indices,
-        paged.block_indices_begins,
-        _const(1.0 / np.sqrt(head_dim), np.float32),  # scale
-        _const(sliding_window, np.int32),
-        none_f32,  # alibi_slopes
-        paged.max_context_len,
-        none_i32,  # score_aggregation_window
-        none_i32,  # rotated_block_indices
-        none_i32,  # rotation_deltas
-        none_f32,  # rotation_trig_lut
-        none_f32,  # xattention_threshold
-        zero_i32,  # xattention_block_size
-        zero_i32,  # xattention_stride
-        none_f32,  # sinks
-        zero_i32,  # adaptive_rkv_start_size
-        none_i32,  # adaptive_rkv_evictable_sizes
-        none_i32,  # adaptive_rkv_diversity_block_set_indices
-        none_i32,  # adaptive_rkv_diversity_block_set_indices_begins
-        none_i32,  # token_type_ids
-        _const(np.zeros(0), np.uint8),  # qq_bias
-        none_i32,  # qq_bias_begins
-    ]
-    node = _PagedAttentionExtension(
-        [x if isinstance(x, ov.Output) else x.output(0) for x in inputs]
-    )
-    info = node.get_rt_info()
-    for name, number in (
-        ("num_k_heads", num_kv_heads),
-        ("k_head_size", head_dim),
-        ("num_v_heads", num_kv_heads),
-        ("v_head_size", head_dim),
-    ):
-        info[name] = number
-    return node.output(0)  # outputs 1, 2: scores and diversity, unused

@@ -3,10 +3,10 @@ block allocator and batches, OpenVINO's kernels.
 
 `OpenVinoRunner.run(batch)` takes the `Batch` the Generator built (build_inputs: padded
 [S, Q] rows, block tables, context lengths, logits rows) and maps it onto PagedAttention's
-inputs: the real rows packed (T tokens), past_lens = context_lens, subsequence_begins = the
-running sum of each sequence's new tokens, block_indices = each table's blocks up to the
-call's last token, concatenated. The op writes the call's K/V into the caches itself
-(`writes_pool`), at the slots the Generator reserved in the same tables.
+inputs (the engine's feed.py): the real rows packed (T tokens), past_lens = context_lens,
+subsequence_begins = the running sum of each sequence's new tokens, block_indices = each
+table's blocks up to the call's last token, concatenated. The op writes the call's K/V into
+the caches itself (`writes_pool`), at the slots the Generator reserved in the same tables.
 
 The caches: f32 / f16 are the KVPool's own arrays, [NB + 1, B, Hkv, D] as the pool allocates
 them, handed to OpenVINO as [NB + 1, Hkv, B, D] (the same bytes; nothing but the op reads
@@ -27,6 +27,7 @@ from benchmarks.spike.ov_llama import build_model
 from benchmarks.spike.ov_paged_attention import CPU_BLOCK_SIZE
 from benchmarks.spike.ov_weights import IngotWeights
 from ingot.runtime.batch import Batch
+from ingot.runtime.engines.openvino.feed import paged_feed
 from ingot.runtime.kv_pool import KVPool
 
 __all__ = ["OpenVinoRunner", "compile_config", "open_openvino"]
@@ -75,7 +76,7 @@ class OpenVinoRunner:
     def run(self, batch: Batch) -> tuple[np.ndarray, list]:
         """logits [N, V] of the batch's logits rows (a view of the request's output, valid
         until the next call); no K/V to return: the op wrote them."""
-        self._request.infer(paged_feed(batch, self.pool.block_size), share_inputs=True)
+        self._request.infer(paged_feed(batch, self.pool.block_size).feed, share_inputs=True)
         return self._request.get_output_tensor(0).data, []
 
 
@@ -84,43 +85,6 @@ def _shared(array: np.ndarray, element: ov.Type) -> ov.Tensor:
     if element == ov.Type.bf16:  # held as uint16: the typed constructor shares the buffer
         return ov.Tensor(array, ov.Shape(list(array.shape)), element)
     return ov.Tensor(array, shared_memory=True)
-
-
-def paged_feed(batch: Batch, block_size: int) -> dict[str, np.ndarray]:
-    """PagedAttention's inputs for one of the Generator's batches (module docstring)."""
-    s, q = batch.input_ids.shape
-    if batch.real_rows is None:  # every row real: Q new tokens per sequence
-        rows = None
-        num_new = np.full(s, q, dtype=np.int64)
-    else:
-        rows = batch.real_rows
-        num_new = np.bincount(rows // q, minlength=s)
-    ids, positions = batch.input_ids.reshape(-1), batch.positions.reshape(-1)
-    logits_rows = batch.logits_indices
-    if rows is not None:
-        packed = np.full(s * q, -1, dtype=np.int64)
-        packed[rows] = np.arange(len(rows))
-        ids, positions, logits_rows = ids[rows], positions[rows], packed[logits_rows]
-    ends = batch.context_lens + num_new  # [S] tokens in the cache after the call
-    blocks = -(-ends // block_size)
-    tables = batch.block_tables
-    block_indices = np.concatenate([tables[i, : blocks[i]] for i in range(s)])
-    return {
-        "input_ids": ids,
-        "positions": positions,
-        "logits_indices": logits_rows,
-        "past_lens": batch.context_lens.astype(np.int32),
-        "subsequence_begins": _starts(num_new),
-        "block_indices": block_indices.astype(np.int32),
-        "block_indices_begins": _starts(blocks),
-        "max_context_len": np.array(ends.max(), dtype=np.int32),
-    }
-
-
-def _starts(counts: np.ndarray) -> np.ndarray:
-    starts = np.zeros(len(counts) + 1, dtype=np.int32)
-    np.cumsum(counts, out=starts[1:])
-    return starts
 
 
 def open_openvino(
