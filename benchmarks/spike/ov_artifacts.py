@@ -3,8 +3,8 @@ symmetric on every linear, lm_head included; fp32 KV; ONNX Runtime CPU at MatMul
 level 4), with a context long enough for the ~4k-token case on the 1B shape.
 
 Every engine reads the same artifact: ingot's ONNX Runtime engine runs its engine graph, the
-OpenVINO model is built from the portable graph's initializers (ov_weights.py), llama.cpp reads
-the GGUF the `gguf` interop format wrote beside them (the same codes as Q4_0 blocks): the same
+OpenVINO model is built from the portable graph's initializers (the engine's weights.py), llama.cpp
+reads the GGUF the `gguf` interop format wrote beside them (the same codes as Q4_0 blocks): the same
 codes and scales. Built by the decode benchmark's worker into the benchmark cache (outside the
 repository), reused across runs.
 """

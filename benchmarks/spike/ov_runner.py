@@ -1,5 +1,6 @@
-"""The OpenVINO model (ov_llama.py) as a session ingot's Generator drives: ingot's scheduler,
-block allocator and batches, OpenVINO's kernels.
+"""The OpenVINO engine's model (runtime/engines/openvino/graph.py, promoted from this spike) as
+a session ingot's Generator drives: ingot's scheduler, block allocator and batches, OpenVINO's
+kernels.
 
 `OpenVinoRunner.run(batch)` takes the `Batch` the Generator built (build_inputs: padded
 [S, Q] rows, block tables, context lengths, logits rows) and maps it onto PagedAttention's
@@ -23,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from benchmarks.spike.ov_llama import build_model
 from benchmarks.spike.ov_paged_attention import CPU_BLOCK_SIZE
-from benchmarks.spike.ov_weights import IngotWeights
 from ingot.runtime.batch import Batch
 from ingot.runtime.engines.openvino.feed import paged_feed
+from ingot.runtime.engines.openvino.graph import ModelShape, build_model
+from ingot.runtime.engines.openvino.weights import GraphWeights
 from ingot.runtime.kv_pool import KVPool
 
 __all__ = ["OpenVinoRunner", "compile_config", "open_openvino"]
@@ -57,7 +58,7 @@ def compile_config(threads: int, precision: str, kv: str, dyn_quant: int) -> dic
 
 
 class OpenVinoRunner:
-    """ingot's `ModelRunner` (generate.py) over a compiled ov_llama model and its caches."""
+    """ingot's `ModelRunner` (generate.py) over the compiled model and its caches."""
 
     writes_pool = True
 
@@ -97,9 +98,10 @@ def open_openvino(
     import time
     from collections import Counter
 
-    weights = IngotWeights(artifact)
-    s = weights.shape
-    model = build_model(weights)
+    # The spike's artifacts have no sliding window: the model is the engine's, windowless.
+    weights = GraphWeights(Path(artifact) / "model.onnx")
+    s = ModelShape.of(weights, None, aux=False)
+    model = build_model(weights, s)
     if model_out is not None:
         ov.save_model(model, str(model_out), compress_to_fp16=False)
     started = time.perf_counter()
