@@ -30,6 +30,7 @@ from benchmarks.spike.openvino_report import pair_with_ingot
 
 __all__ = [
     "CASES",
+    "previous_report",
     "LONG_CONTEXT",
     "TIMEOUT_S",
     "WARMUP_TOKENS",
@@ -172,3 +173,19 @@ def run_job(worker: str, spec: dict, tmp: Path, python: Path | None) -> dict[str
 
 def _log(message: str) -> None:
     print(f"[spike] {message}", file=sys.stderr, flush=True)
+
+
+def previous_report(out_dir: Path, stem: str, engines: dict[str, Any]) -> dict[str, Any]:
+    """The report so far (each run replaces the parts it measured and keeps the others), with
+    this run's settings: the cases, the warm-up and the route's `engines`."""
+    path = out_dir / f"{stem}.json"
+    report = json.loads(path.read_text()) if path.exists() else {}
+    report.pop("command", None)
+    report["benchmark"] = stem
+    report["settings"] = {
+        "long_context": LONG_CONTEXT,
+        "warmup_tokens": WARMUP_TOKENS,
+        "cases": {k: list(v) for k, v in CASES.items()},
+        "engines": engines,
+    }
+    return report

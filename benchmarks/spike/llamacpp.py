@@ -26,7 +26,6 @@ onnxruntime-ggml provider first, in that package's virtualenv: ort_ggml.py; only
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,11 +36,9 @@ from benchmarks.harness.machine import _version, machine_info
 from benchmarks.harness.paths import RESULTS, data_dir, models_dir, peer_python, peer_version
 from benchmarks.harness.report import add_report_only, publish, rerender
 from benchmarks.spike.cases import (
-    CASES,
-    LONG_CONTEXT,
-    WARMUP_TOKENS,
     decode_spec,
     measure_parts,
+    previous_report,
     run_case,
     run_job,
 )
@@ -63,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.report_only:
         return rerender(args.out_dir, STEM, markdown)
-    report = _previous(args.out_dir)
+    report = previous_report(
+        args.out_dir, STEM, {k: {"worker_engine": e, **s} for k, (e, s) in ENGINES.items()}
+    )
     report["machine"] = machine_info()
     report["versions"] = _versions(args)
     measure_parts(
@@ -74,21 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         lambda model, artifact, part, tmp, watch: _case(model, artifact, part, args, tmp, watch),
     )
     return publish(report, args.out_dir, STEM, markdown)
-
-
-def _previous(out_dir: Path) -> dict[str, Any]:
-    """The report so far: each run replaces the parts it measured and keeps the others."""
-    path = out_dir / f"{STEM}.json"
-    report = json.loads(path.read_text()) if path.exists() else {}
-    report.pop("command", None)
-    report["benchmark"] = STEM
-    report["settings"] = {
-        "long_context": LONG_CONTEXT,
-        "warmup_tokens": WARMUP_TOKENS,
-        "cases": {k: list(v) for k, v in CASES.items()},
-        "engines": {k: {"worker_engine": e, **s} for k, (e, s) in ENGINES.items()},
-    }
-    return report
 
 
 def _versions(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,21 +1,16 @@
 """The llama.cpp spike's markdown, rendered from the JSON alone (benchmarks/spike/llamacpp.py
 writes it; `--report-only` renders it again). The timed cases' tables are the OpenVINO spike's
-(openvino_report.case_section)."""
+(openvino_report.model_sections)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from benchmarks.harness.load import load_line
-from benchmarks.spike.openvino_report import case_section
+from benchmarks.spike.openvino_report import model_sections
 
 __all__ = ["markdown"]
 
-_CASE_TITLES = {
-    "batch1": "Batch 1, 32-token prompt",
-    "long": "Batch 1, long prompt (context ~4096; pydoc-16m: 1024, its maximum)",
-    "batched": "32 sequences decoding together, 32-token prompts",
-}
 _CHECKS = {  # check -> what was done
     "prefix_sharing": "prefix decoded once, `seq_cp` to a 2nd sequence, two suffixes in one batch",
     "rollback": "4 draft tokens decoded, `seq_rm` from the first, greedy resumed",
@@ -46,14 +41,7 @@ def markdown(report: dict[str, Any]) -> str:
         "round (range in brackets).",
         "",
     ]
-    for name, entry in report.get("models", {}).items():
-        if entry.get("check"):
-            lines += _check_section(name, entry["check"])
-    for part, title in _CASE_TITLES.items():
-        rows = [(n, e.get("cases", {}).get(part)) for n, e in report.get("models", {}).items()]
-        rows = [(n, c) for n, c in rows if c]
-        if rows:
-            lines += case_section(title, rows)
+    lines += model_sections(report, _check_section)
     lines += [
         "Notes:",
         "",

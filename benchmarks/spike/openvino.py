@@ -25,7 +25,6 @@ turn, the order rotated; medians over rounds, ratios paired within a round.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,9 @@ from benchmarks.harness.machine import machine_info
 from benchmarks.harness.paths import RESULTS, data_dir, models_dir, peer_python, peer_version
 from benchmarks.harness.report import add_report_only, publish, rerender
 from benchmarks.spike.cases import (
-    CASES,
-    LONG_CONTEXT,
-    WARMUP_TOKENS,
     decode_spec,
     measure_parts,
+    previous_report,
     run_case,
     run_job,
 )
@@ -58,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.report_only:
         return rerender(args.out_dir, STEM, markdown)
-    report = _previous(args.out_dir)
+    report = previous_report(args.out_dir, STEM, ENGINES)
     report["machine"] = machine_info()
     report["versions"] = _versions()
     measure_parts(
@@ -69,21 +66,6 @@ def main(argv: list[str] | None = None) -> int:
         lambda model, artifact, part, tmp, watch: _case(model, artifact, part, args, tmp, watch),
     )
     return publish(report, args.out_dir, STEM, markdown)
-
-
-def _previous(out_dir: Path) -> dict[str, Any]:
-    """The report so far: each run replaces the parts it measured and keeps the others."""
-    path = out_dir / f"{STEM}.json"
-    report = json.loads(path.read_text()) if path.exists() else {}
-    report.pop("command", None)
-    report["benchmark"] = STEM
-    report["settings"] = {
-        "long_context": LONG_CONTEXT,
-        "warmup_tokens": WARMUP_TOKENS,
-        "cases": {k: list(v) for k, v in CASES.items()},
-        "engines": ENGINES,
-    }
-    return report
 
 
 def _versions() -> dict[str, Any]:

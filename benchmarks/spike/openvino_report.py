@@ -4,14 +4,15 @@ the JSON alone (benchmarks/spike/openvino.py writes it; `--report-only` renders 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks.harness.load import load_line
 from benchmarks.harness.rounds import paired, ranged
 
-__all__ = ["case_section", "markdown", "pair_with_ingot"]
+__all__ = ["CASE_TITLES", "case_section", "markdown", "model_sections", "pair_with_ingot"]
 
-_CASE_TITLES = {
+CASE_TITLES = {
     "batch1": "Batch 1, 32-token prompt",
     "long": "Batch 1, long prompt (context ~4096; pydoc-16m: 1024, its maximum)",
     "batched": "32 sequences decoding together, 32-token prompts",
@@ -73,14 +74,7 @@ def markdown(report: dict[str, Any]) -> str:
         "ratios paired within a round (range in brackets).",
         "",
     ]
-    for name, entry in report.get("models", {}).items():
-        if entry.get("check"):
-            lines += _check_section(name, entry["check"])
-    for part, title in _CASE_TITLES.items():
-        rows = [(n, e.get("cases", {}).get(part)) for n, e in report.get("models", {}).items()]
-        rows = [(n, c) for n, c in rows if c]
-        if rows:
-            lines += case_section(title, rows)
+    lines += model_sections(report, _check_section)
     lines += [
         "Notes:",
         "",
@@ -156,6 +150,23 @@ def _route_a_line(route_a: dict[str, Any]) -> str:
         "Route A (the portable model.onnx read by OpenVINO's ONNX frontend, pools copied back "
         "after each call: ScatterNDUpdate writes a new pool tensor): " + "; ".join(parts) + "."
     )
+
+
+def model_sections(
+    report: dict[str, Any], check_section: Callable[[str, dict[str, Any]], list[str]]
+) -> list[str]:
+    """Each model's check (drawn by the route's `check_section`), then one table per case
+    (CASE_TITLES) over the models that measured it."""
+    lines: list[str] = []
+    for name, entry in report.get("models", {}).items():
+        if entry.get("check"):
+            lines += check_section(name, entry["check"])
+    for part, title in CASE_TITLES.items():
+        rows = [(n, e.get("cases", {}).get(part)) for n, e in report.get("models", {}).items()]
+        rows = [(n, c) for n, c in rows if c]
+        if rows:
+            lines += case_section(title, rows)
+    return lines
 
 
 def case_section(title: str, rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
