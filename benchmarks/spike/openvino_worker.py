@@ -37,9 +37,9 @@ def open_ov_generator(
     dyn_quant: int,
 ) -> tuple[Any, dict[str, Any]]:
     """ingot's Generator over the OpenVINO runner, and what open_openvino reports."""
-    from benchmarks.spike.ov_paged_attention import CPU_BLOCK_SIZE
     from benchmarks.spike.ov_runner import compile_config, open_openvino
     from ingot.artifacts import verify_artifact
+    from ingot.runtime.engines.openvino.layout import CPU_BLOCK_SIZE
     from ingot.runtime.generate import Generator, GeneratorConfig
     from ingot.runtime.tokenizer import TextTokenizer
 

@@ -12,7 +12,7 @@ the caches itself (`writes_pool`), at the slots the Generator reserved in the sa
 The caches: f32 / f16 are the KVPool's own arrays, [NB + 1, B, Hkv, D] as the pool allocates
 them, handed to OpenVINO as [NB + 1, Hkv, B, D] (the same bytes; nothing but the op reads
 them, so the per-block layout is the engine's business). u8 blocks are bigger than the pool's
-(per-block scales and zero points, ov_paged_attention.py): the runner allocates them itself
+(per-block scales and zero points, the engine's layout.py): the runner allocates them itself
 and the pool only lends its allocator (a pool of 1-byte "blocks"). Block size: 32, the CPU
 plugin's.
 """
@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from benchmarks.spike.ov_paged_attention import CPU_BLOCK_SIZE
 from ingot.runtime.batch import Batch
 from ingot.runtime.engines.openvino.feed import paged_feed
 from ingot.runtime.engines.openvino.graph import ModelShape, build_model
+from ingot.runtime.engines.openvino.layout import CPU_BLOCK_SIZE
 from ingot.runtime.engines.openvino.weights import GraphWeights
 from ingot.runtime.kv_pool import KVPool
 
