@@ -10,6 +10,9 @@ harness.launch).
   the longest prompt, every request in a batch starting and ending with it.
 - ortgenai-static / ortgenai-batch1: onnxruntime-genai's Generator on its int4 model builder
   output, one static batch of all requests (padded) / one request at a time.
+- ovgenai-continuous: OpenVINO GenAI's ContinuousBatchingPipeline on optimum-intel's int4
+  export, all requests added at once (the decode benchmark's runner, decode/ovgenai.py): it
+  ships no HTTP server (OpenVINO Model Server is not on PyPI), so this is its in-process ceiling.
 
 Every request generates exactly `output_len` tokens (EOS ignored), greedy. The onnxruntime-genai
 engines run under that peer's interpreter, so this module imports nothing of ingot, torch or
@@ -167,6 +170,30 @@ def _ortgenai_run(model, prompts: list[list[int]], n: int, pad: int) -> list[Req
     return [RequestTiming(len(p), start, list(times), len(times)) for p in prompts]
 
 
+def ovgenai_continuous(spec: dict) -> Run:
+    from benchmarks.decode.ovgenai import load_openvino_genai
+
+    ctx = max(map(len, spec["prompts"])) + spec["output_len"]
+    batched = sum(map(len, spec["prompts"]))  # every prompt prefilled in one step, as in ingot
+    runner = load_openvino_genai(
+        spec["model_dir"],
+        spec["threads"],
+        batch=len(spec["prompts"]),
+        batched_tokens=batched,
+        ctx_per_seq=ctx,
+        kv_bytes_per_token=spec["kv_bytes_per_token"],
+    )
+
+    def run(prompts: list[list[int]], n: int) -> list[RequestTiming]:
+        start, seqs = runner(prompts, n)
+        return [
+            RequestTiming(len(p), start, times, len(tokens))
+            for p, (tokens, times) in zip(prompts, seqs, strict=True)
+        ]
+
+    return run
+
+
 def op_profile(spec: dict) -> dict[str, Any]:
     """Where one decode step of `batch` sequences goes, op by op (ONNX Runtime's profiler)."""
     from ingot.runtime import LoadedModel
@@ -211,6 +238,7 @@ ENGINES: dict[str, Callable[[dict], Run]] = {
     "transformers-static": transformers_static,
     "ortgenai-static": ortgenai_static,
     "ortgenai-batch1": ortgenai_batch1,
+    "ovgenai-continuous": ovgenai_continuous,
 }
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from benchmarks.harness.report import publish
 from benchmarks.harness.rounds import ranged
 
-__all__ = ["STEM", "markdown", "publish_report"]
+__all__ = ["STEM", "markdown", "publish_report", "ratio_lines", "round_table"]
 
 STEM = "serve"  # benchmarks/results/serve.json and serve.md
 
@@ -255,7 +255,6 @@ def _head_to_head_section(h: dict[str, Any] | None, n: int) -> list[str]:
     """Each round's bursts per system, then the paired ratios (rounds.py)."""
     if not h:
         return []
-    names = list(h["runs"])
     lines = [
         "",
         f"## Head to head: {n} concurrent, {h['rounds']} rounds",
@@ -269,25 +268,38 @@ def _head_to_head_section(h: dict[str, Any] | None, n: int) -> list[str]:
         "the peer's in the same round, median over rounds (range in brackets).",
     ]
     for phase in h["phases"]:
-        lines += ["", f"**{phase}**", "", "| round | " + " | ".join(names) + " |"]
-        lines.append("|---|" + "---|" * len(names))
-        for i in range(h["rounds"]):
-            cells = []
-            for name in names:
-                run = h["runs"][name][i][phase]
-                if not _ok(run):
-                    cells.append("failed")
-                    continue
-                ttft = _ms(run.get("ttft_s"), "p50") if run.get("ttft_s") else "–"
-                cells.append(f"{run['output_tokens_per_s']:.0f} / {ttft}")
-            lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
-        lines.append("")
-        for peer, ratio in h["ratios"][phase].items():
-            tps, ttft = ratio["tokens_per_s_rounds"], ratio["ttft_p50_rounds"]
-            text = f"ingot serve / {peer}: {ranged(ratio['tokens_per_s'], tps, 'x')} tok/s"
-            if ratio["ttft_p50"] is not None:
-                text += ", " + ranged(ratio["ttft_p50"], ttft, "x") + " TTFT p50"
-            lines.append(f"- {text} ({ratio['paired_rounds']} paired rounds).")
+        lines += ["", f"**{phase}**", "", *round_table(h, phase), ""]
+        lines += ratio_lines("ingot serve", h["ratios"][phase])
+    return lines
+
+
+def round_table(h: dict[str, Any], phase: str) -> list[str]:
+    """A head-to-head's bursts of `phase`: output tok/s / TTFT p50 ms, a row per round, a
+    column per system."""
+    names = list(h["runs"])
+    lines = ["| round | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for i in range(h["rounds"]):
+        cells = []
+        for name in names:
+            run = h["runs"][name][i][phase]
+            if not _ok(run):
+                cells.append("failed")
+                continue
+            ttft = _ms(run.get("ttft_s"), "p50") if run.get("ttft_s") else "–"
+            cells.append(f"{run['output_tokens_per_s']:.0f} / {ttft}")
+        lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def ratio_lines(ours: str, ratios: dict[str, dict[str, Any]]) -> list[str]:
+    """`ours`'s paired ratios over each peer (rounds.paired_bursts), a line each."""
+    lines = []
+    for peer, ratio in ratios.items():
+        tps, ttft = ratio["tokens_per_s_rounds"], ratio["ttft_p50_rounds"]
+        text = f"{ours} / {peer}: {ranged(ratio['tokens_per_s'], tps, 'x')} tok/s"
+        if ratio["ttft_p50"] is not None:
+            text += ", " + ranged(ratio["ttft_p50"], ttft, "x") + " TTFT p50"
+        lines.append(f"- {text} ({ratio['paired_rounds']} paired rounds).")
     return lines
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from benchmarks.harness.rounds import interleave, paired_ratios
 
-__all__ = ["OURS", "PHASES", "head_to_head"]
+__all__ = ["OURS", "PHASES", "head_to_head", "paired_bursts"]
 
 OURS = "ingot serve"
 # A server's first burst (prompts it has not seen), then the same burst again (with prefix
@@ -43,7 +43,7 @@ def head_to_head(
     runs = interleave(names, rounds, run)
     ratios = {
         phase: {
-            name: _paired([r[phase] for r in runs[OURS]], [r[phase] for r in runs[name]])
+            name: paired_bursts([r[phase] for r in runs[OURS]], [r[phase] for r in runs[name]])
             for name in names
             if name != OURS
         }
@@ -52,8 +52,9 @@ def head_to_head(
     return {"rounds": rounds, "phases": list(PHASES), "runs": runs, "ratios": ratios}
 
 
-def _paired(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The paired ratios over the rounds where both ran (TTFT: where both report it)."""
+def paired_bursts(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The paired ratios of `ours` over `theirs` (one summary per round each) over the rounds
+    where both ran (TTFT: where both report it)."""
     both = [
         (a, b) for a, b in zip(ours, theirs, strict=True) if a.get("ok", True) and b.get("ok", True)
     ]

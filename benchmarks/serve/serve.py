@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         log("op profile of one ingot decode step")
         profile = {"engine": "op-profile", "batch": args.requests, **common, **ingot}
         report["op_profile"] = _worker(profile, tmp)
-        report["server"] = _bench_ingot_server(artifact, prompts, args, tmp, loads)
-        report["vllm"] = _bench_vllm_server(
+        report["server"] = _benchingot_server(artifact, prompts, args, tmp, loads)
+        report["vllm"] = _benchvllm_server(
             vllm_dir, report["vllm_build"], prompts, args, tmp, loads
         )
         if args.rounds:
@@ -323,10 +323,10 @@ def _scenario(
     return {"rate": rate, "clients": 1 if one_client else len(prompts), **summarize(timings)}
 
 
-def _bench_ingot_server(
+def _benchingot_server(
     artifact: Path, prompts: list[list[int]], args, tmp: Path, loads: SettledWatch
 ) -> dict[str, Any]:
-    server, base = _ingot_server(artifact, args, tmp)
+    server, base = ingot_server(artifact, args, tmp)
     results: dict[str, Any] = {"ok": True, "scenarios": {}}
     try:
         log("server: starting ingot serve")
@@ -357,7 +357,7 @@ def _bench_ingot_server(
     return results
 
 
-def _bench_vllm_server(
+def _benchvllm_server(
     model_dir: Path | None,
     build: dict[str, Any],
     prompts: list[list[int]],
@@ -368,7 +368,7 @@ def _bench_vllm_server(
     """`vllm serve` of the compressed-tensors export: one client, then the burst."""
     if model_dir is None:
         return {"ok": False, "error": build.get("error"), "scenarios": {}}
-    server, base, settings = _vllm_server(model_dir, args, tmp)
+    server, base, settings = vllm_server(model_dir, args, tmp)
     results: dict[str, Any] = {"ok": True, "version": build.get("version")}
     results |= {"settings": settings, "scenarios": {}}
     try:
@@ -391,14 +391,18 @@ def _bench_vllm_server(
     return results
 
 
-def _ingot_server(artifact: Path, args, tmp: Path) -> tuple[ServerProcess, str]:
-    """`ingot serve` of the artifact on a free port (not started) and its base URL."""
+def ingot_server(
+    artifact: Path, args, tmp: Path, engine: str | None = None
+) -> tuple[ServerProcess, str]:
+    """`ingot serve` of the artifact (on `engine`, None: its first compatible one) on a free
+    port (not started) and its base URL."""
     port = free_port()
-    command, env = ingot_command(artifact, port, args.requests, KV_CACHE_BYTES)
-    return ServerProcess(command, tmp / "ingot-serve.log", env), f"http://127.0.0.1:{port}"
+    command, env = ingot_command(artifact, port, args.requests, KV_CACHE_BYTES, engine=engine)
+    log_file = tmp / f"ingot-serve{'-' + engine if engine else ''}.log"
+    return ServerProcess(command, log_file, env), f"http://127.0.0.1:{port}"
 
 
-def _vllm_server(model_dir: Path, args, tmp: Path) -> tuple[ServerProcess, str, dict[str, Any]]:
+def vllm_server(model_dir: Path, args, tmp: Path) -> tuple[ServerProcess, str, dict[str, Any]]:
     """`vllm serve` of the export on a free port (not started), its base URL and settings.
     Every start shares one compile cache in `tmp`: only the first compiles cold."""
     port = free_port()
@@ -419,7 +423,7 @@ def _vllm_server(model_dir: Path, args, tmp: Path) -> tuple[ServerProcess, str, 
     return server, f"http://127.0.0.1:{port}", settings
 
 
-def _server_burst(server: ServerProcess, base: str, prompts: list[list[int]], args) -> dict:
+def server_burst(server: ServerProcess, base: str, prompts: list[list[int]], args) -> dict:
     """Start the server, run the burst (every request at once) twice, stop it: first with
     prompts the server has not seen, then the same again, whose prompts (with prefix caching,
     on by default in both servers) come largely from the cache, as in the main runs, where
@@ -451,11 +455,11 @@ def _head_to_head(
     round each, in turn (rounds.py). A peer that cannot run is left out."""
     prompts = common["prompts"]
     bursts: dict[str, Callable[[], dict[str, Any]]] = {
-        OURS: lambda: _server_burst(*_ingot_server(artifact, args, tmp), prompts, args)
+        OURS: lambda: server_burst(*ingot_server(artifact, args, tmp), prompts, args)
     }
     if vllm_dir is not None:
-        bursts["vllm serve"] = lambda: _server_burst(
-            *_vllm_server(vllm_dir, args, tmp)[:2], prompts, args
+        bursts["vllm serve"] = lambda: server_burst(
+            *vllm_server(vllm_dir, args, tmp)[:2], prompts, args
         )
     if ortgenai is not None:
         job = {"engine": "ortgenai-static", **common, **ortgenai}

@@ -43,6 +43,7 @@ __all__ = [
     "ServerProcess",
     "free_port",
     "ingot_command",
+    "llama_server_command",
     "thread_cpu_s",
     "vllm_command",
     "with_cpu",
@@ -105,7 +106,14 @@ class KVSampler:
         }
 
 
-def main(artifact: str, port: int, max_num_seqs: int, kv_cache_bytes: int, spinning: bool) -> None:
+def main(
+    artifact: str,
+    port: int,
+    max_num_seqs: int,
+    kv_cache_bytes: int,
+    spinning: bool,
+    engine: str | None = None,
+) -> None:
     import uvicorn
 
     from ingot.runtime.server import AsyncLLM, Metrics, create_app, load_served_model
@@ -113,12 +121,14 @@ def main(artifact: str, port: int, max_num_seqs: int, kv_cache_bytes: int, spinn
     sampler = KVSampler()
 
     def load() -> ServedModel:
-        model = load_served_model(artifact, kv_cache_bytes, max_num_seqs, spinning=spinning)
+        model = load_served_model(
+            artifact, kv_cache_bytes, max_num_seqs, spinning=spinning, engine=engine
+        )
         sampler.model = model
         return model
 
-    engine = AsyncLLM(load, Metrics(MODEL_NAME), max_queue=4096)
-    app = create_app(engine, MODEL_NAME)
+    llm = AsyncLLM(load, Metrics(MODEL_NAME), max_queue=4096)
+    app = create_app(llm, MODEL_NAME)
 
     @app.get("/bench/kv")
     async def kv(reset: bool = False) -> dict:
@@ -251,12 +261,37 @@ def _wait_group_gone(pgid: int, timeout_s: float) -> None:
 
 
 def ingot_command(
-    artifact: Path, port: int, max_num_seqs: int, kv_cache_bytes: int, spinning: bool = True
+    artifact: Path,
+    port: int,
+    max_num_seqs: int,
+    kv_cache_bytes: int,
+    spinning: bool = True,
+    engine: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """This module serving `artifact` (the KV sampler included), and its environment;
-    `spinning` as load_served_model's."""
-    args = (artifact, port, max_num_seqs, kv_cache_bytes, int(spinning))
+    `spinning` and `engine` (None: the artifact's first compatible one) as
+    load_served_model's."""
+    args = [artifact, port, max_num_seqs, kv_cache_bytes, int(spinning)]
+    args += [engine] if engine else []
     return [*module_command("benchmarks.serve.server"), *map(str, args)], module_env()
+
+
+def llama_server_command(
+    binary: Path, gguf: Path, port: int, *, threads: int, slots: int, ctx_per_slot: int
+) -> tuple[list[str], dict[str, Any]]:
+    """llama.cpp's own HTTP server (`llama-server`) on the GGUF: `slots` parallel sequences
+    (continuous batching, on by default) of up to `ctx_per_slot` tokens each (the context is
+    shared out evenly between the slots), `threads` threads for decoding and for prompt
+    batches. Its per-slot prompt cache stays on (its default, as the other servers' prefix
+    caches): only the burst of repeated prompts can reuse it."""
+    command = [
+        str(binary), "-m", str(gguf),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--parallel", str(slots), "--ctx-size", str(slots * ctx_per_slot),
+        "--threads", str(threads), "--threads-batch", str(threads),
+        "--no-webui",
+    ]  # fmt: skip
+    return command, {"args": command[1:]}
 
 
 def vllm_command(
@@ -309,4 +344,5 @@ def vllm_command(
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1")
+    artifact, port, seqs, kv_bytes, spinning, *engine = sys.argv[1:]
+    main(artifact, int(port), int(seqs), int(kv_bytes), spinning == "1", *engine)
