@@ -92,6 +92,7 @@ class _Models:
                 max_num_batched_tokens=batched,
                 enable_prefix_caching=False,  # repeated runs of a prompt must compute it again
                 speculative_config=config,
+                engine=spec.get("engine"),  # None: the artifact's first compatible engine
             )
             self.generators[row] = self.loaded[row].generator()
         except Exception as e:  # e.g. no draft model in the artifact: that row fails alone

@@ -22,19 +22,25 @@ from benchmarks.speculative.figures import (
 from benchmarks.speculative.methods import OWN_BUILD, PEER_CASES
 from benchmarks.speculative.sections import breakdown_section, drafter_section, notes
 
-__all__ = ["STEM", "markdown", "publish_report", "target_verdicts"]
+__all__ = ["STEM", "markdown", "publish_report", "report_stem", "target_verdicts"]
 
 STEM = "speculative"  # benchmarks/results/speculative.json and speculative.md
 
 
-def publish_report(report: dict[str, Any], out_dir: Path) -> int:
+def report_stem(engine: str) -> str:
+    """The report's file stem: speculative for ONNX Runtime (the default engine), else
+    speculative_<engine> beside it."""
+    return STEM if engine == "onnxruntime" else f"{STEM}_{engine}"
+
+
+def publish_report(report: dict[str, Any], out_dir: Path, stem: str = STEM) -> int:
     """The report without the batch-1 tokens, with its target verdicts, written and printed;
     the exit status."""
     for rows in (get_path(report["results"], "ingot", "batch1") or {}).values():
         for row in rows.values():  # compared already (matches_plain): 100k numbers left out
             row.pop("tokens", None)
     report["targets"] = target_verdicts(report["results"])
-    return publish(report, out_dir, STEM, markdown)
+    return publish(report, out_dir, stem, markdown)
 
 
 # The issue's targets at batch 1 on code prompts, and under load.

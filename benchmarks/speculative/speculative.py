@@ -89,8 +89,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.decode.artifact import OPENVINO, DecodeArtifact, build_spec
 from benchmarks.decode.artifact import WORKER as BUILD_WORKER
-from benchmarks.decode.artifact import build_spec
 from benchmarks.decode.models import prepare_model
 from benchmarks.harness.launch import WorkerFailed, run_worker
 from benchmarks.harness.load import LoadWatch, wait_idle
@@ -111,19 +111,26 @@ from benchmarks.speculative.methods import (
     ingot_methods,
 )
 from benchmarks.speculative.prompts import prompt_summary, select_prompts
-from benchmarks.speculative.report import STEM, markdown, publish_report
+from benchmarks.speculative.report import STEM, markdown, publish_report, report_stem
 
 WORKER = "benchmarks.speculative.worker"
 DEFAULT_THREADS = 2  # what the committed results ran with (a 2-core host)
 WORKER_TIMEOUT_S = 1800
 LOAD_SAMPLE_S = 10  # the host's load is sampled this often during each case
+# What each --engine runs (decode/artifact.py's targets).
+ENGINE_SETTINGS = {
+    "onnxruntime": "onnxruntime cpu, level extended, MatMulNBits accuracy level 4",
+    OPENVINO: "openvino cpu (ingot's OpenVINO engine: PagedAttention over the pool), f32 "
+    "inference precision, int8 dynamic quantization of the int4 matmuls' activations, KV blocks "
+    "of 32",
+}
 QUICK = dict(tokens=32, prompts=4, runs=1, concurrency=[4, 16], peer_prompts=2)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.report_only:
-        return rerender(args.out_dir, STEM, markdown)
+        return rerender(args.out_dir, report_stem(args.engine), markdown)
     idle_wait_s = wait_idle(args.wait_idle, _log, poll_s=60)
     watch = LoadWatch(args.threads)
     started = time.perf_counter()
@@ -148,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     report = _report(machine, results, args, watch, refused)
     report["wall_s"] = time.perf_counter() - started
     _log(f"done in {report['wall_s']:.0f} s")
-    return publish_report(report, args.out_dir)
+    return publish_report(report, args.out_dir, report_stem(args.engine))
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -163,7 +170,7 @@ def _build(
     target with its drafter trained in the build (an artifact holds one drafter); its quantized
     target comes from the stage cache, and when it fails only that method's rows do."""
     model = prepare_model(TARGET, args.models_dir, args.eval_text)
-    plain_spec = build_spec(model, tmp, args.threads, interop=[])
+    plain_spec = build_spec(model, tmp, args.threads, interop=[], shape=_shape(args))
     draft = {
         "method": "draft_model",
         "num_speculative_tokens": DRAFT_TOKENS,
@@ -188,6 +195,17 @@ def _build(
             artifacts[method] = built["artifact"]
             built["drafter"] = _drafter_record(method, built)
     return artifacts, builds
+
+
+def _shape(args: argparse.Namespace) -> DecodeArtifact:
+    """The artifact's shape: the decode benchmarks' defaults, or with --engine openvino their
+    OpenVINO variant (its target beside ONNX Runtime's, and the 32-token blocks its CPU plugin
+    runs, so the draft model and the drafters' graphs share that pool)."""
+    return (
+        DecodeArtifact(block_size=32, openvino=True)
+        if args.engine == OPENVINO
+        else DecodeArtifact()
+    )
 
 
 def _variant(
@@ -264,6 +282,7 @@ def _ingot_spec(
         "batch1": {name: [w["ids"] for w in ws[: args.prompts]] for name, ws in prompts.items()},
         "concurrent": {str(n): [w["ids"] for w in prompts["code"][:n]] for n in args.concurrency},
         "kv_cache_bytes": KV_CACHE_BYTES,
+        "engine": args.engine,
     }
 
 
@@ -312,7 +331,8 @@ def _report(
             "target": TARGET,
             "draft": DRAFT,
             "weights": "RTN int4 g32 symmetric, lm_head included (target and draft)",
-            "engine": "onnxruntime cpu, level extended, MatMulNBits accuracy level 4",
+            "engine": ENGINE_SETTINGS[args.engine],
+            "engine_kind": args.engine,
             "greedy": True,
             "ignore_eos": True,
             "new_tokens": args.tokens,
@@ -405,6 +425,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--quick",
         action="store_true",
         help="smoke run: 32 tokens, 4 prompts, 1 run, concurrency 4,16; to a temp dir",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=sorted(ENGINE_SETTINGS),
+        default="onnxruntime",
+        help="the engine every ingot row runs on (default: %(default)s); openvino writes "
+        f"{STEM}_openvino.json / .md beside the ONNX Runtime report",
     )
     add_report_only(parser)
     args = parser.parse_args(argv)
