@@ -1,6 +1,7 @@
-"""One model's compile stages, declared: [calibrate] -> quantize -> export -> engine per target,
-for the target and (prefixed ``draft-``) a draft model, with the recipe's kv_cache, export and
-targets (a draft's block size must be the target's)."""
+"""One model's compile stages, declared: [calibrate] -> [precision] -> quantize -> export ->
+engine per target, for the target and (prefixed ``draft-``) a draft model, with the recipe's
+kv_cache, export and targets (a draft's block size must be the target's). The precision stage
+comes with an entry resolved by a search (`method: auto`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..recipe import Quantize, Recipe
 from .calibrate import Calibrated, PreparedCalibration, calibrate_stage
 from .engine import EngineOutput, engine_stage
 from .export import ExportOutput, export_stage
+from .precision import PrecisionOutput, precision_stage
 from .quantize import QuantizeOutput, quantize_stage
 from .stage import Stage
 from .walk import Walk
@@ -42,6 +44,7 @@ class ModelOutputs:
     quantize: QuantizeOutput
     export: ExportOutput
     engines: Mapping[str, EngineOutput]  # by engine name, in the recipe's target order
+    precision: PrecisionOutput | None = None  # with a searched (auto) entry
 
     def records(self, root: str = "") -> ModelRecords:
         """What the manifest records of the model, its engines under `root` in the artifact."""
@@ -62,6 +65,7 @@ class ModelStages:
     quantize: Stage[QuantizeOutput]
     export: Stage[ExportOutput]
     engines: Mapping[str, Stage[EngineOutput]]  # by engine name, in the recipe's target order
+    precision: Stage[PrecisionOutput] | None = None  # with a searched (auto) entry
 
     @property
     def first_engine(self) -> str:
@@ -70,11 +74,13 @@ class ModelStages:
 
     def stages(self) -> list[Stage[Any]]:
         calibrate = [self.calibrated.stage] if self.calibrated is not None else []
-        return [*calibrate, self.quantize, self.export, *self.engines.values()]
+        precision = [self.precision] if self.precision is not None else []
+        return [*calibrate, *precision, self.quantize, self.export, *self.engines.values()]
 
     def outputs(self, walk: Walk) -> ModelOutputs:
         engines = {name: walk[stage] for name, stage in self.engines.items()}
-        return ModelOutputs(walk[self.quantize], walk[self.export], engines)
+        precision = walk[self.precision] if self.precision is not None else None
+        return ModelOutputs(walk[self.quantize], walk[self.export], engines, precision)
 
 
 def declare_model(
@@ -85,10 +91,12 @@ def declare_model(
     calibrated = None
     if model.calibration is not None:  # a GPTQ / AWQ entry, an int8 / fp8 KV cache, heads
         calibrated = calibrate_stage(model.prefix, model.digest, model.calibration)
-    quantize = quantize_stage(model.prefix, model.path, model.digest, model.entries, calibrated)
+    args = (model.prefix, model.path, model.digest, model.entries, calibrated)
+    precision = precision_stage(*args)  # an auto entry resolved first
+    quantize = quantize_stage(*args, precision)
     export = export_stage(model.prefix, recipe, quantize, calibrated, aux_layers)
     engines = {
         engine_name(target): engine_stage(model.prefix, target, export, quantize)
         for target in recipe.targets
     }
-    return ModelStages(calibrated, quantize, export, engines)
+    return ModelStages(calibrated, quantize, export, engines, precision)

@@ -22,11 +22,15 @@ from typing import Any, ClassVar
 from ingot.calibration.dataset import CalibrationSet
 
 from ..device import DeviceSettings
+from ..model.architecture import linear_names
 from ..model.load import CheckpointReader
 from ..quantize.driver import quantize_layers
 from ..quantize.layerwise import needs_calibration
+from ..quantize.method import QuantEntry
+from ..quantize.summary import summaries
 from ..recipe.quantize import Quantize
 from .calibrate import Calibrated, read_device_settings
+from .precision import PrecisionOutput
 from .stage import Input, Stage, StageJob, StageOutput
 
 __all__ = ["QuantizeOutput", "quantize_stage", "run_quantize"]
@@ -52,10 +56,12 @@ def quantize_stage(
     source_digest: str,
     entries: Sequence[Quantize],
     calibrated: Calibrated | None,
+    precision: Stage[PrecisionOutput] | None = None,
 ) -> Stage[QuantizeOutput]:
     """The quantize stage of one model (`prefix` "" or "draft-"), on the calibrate stage's
     windows when a GPTQ / AWQ entry needs them (resumable then); an RTN recipe's key holds no
-    calibration, even when its KV cache's scales need one."""
+    calibration, even when its KV cache's scales need one. With a `precision` stage (an auto
+    entry) it runs the entries that stage resolved, keyed on its output."""
     # The slice is the entries' JSON (what Recipe.stage_slice("quantize") gives the target)
     key_slice: dict[str, Any] = {"quantize": [entry.model_dump(mode="json") for entry in entries]}
     inputs: dict[str, Input] = {"source": source_digest}
@@ -66,10 +72,15 @@ def quantize_stage(
         calibrate = calibrated.stage
         key_slice["calibration"] = calibrated.key_slice
         inputs |= calibrated.inputs()
+    if precision is not None:
+        inputs["precision"] = precision
 
     def produce(job: StageJob) -> None:
         c_dir = job[calibrate].dir if calibrate is not None else None
-        run_quantize(source, entries, job.out, calibration_dir=c_dir, work_dir=job.work)
+        searched = job[precision] if precision is not None else None
+        run_quantize(
+            source, entries, job.out, calibration_dir=c_dir, work_dir=job.work, searched=searched
+        )
 
     resumable = calibrate is not None  # its layers' checkpoints survive a crash
     return Stage(
@@ -84,9 +95,13 @@ def run_quantize(
     *,
     calibration_dir: Path | None = None,
     work_dir: Path | None = None,
+    searched: PrecisionOutput | None = None,
 ) -> None:
+    """The IR and quantize.json in ``out``; the entries a search resolved (``searched``: the
+    precision stage's output) run in place of the searched ones."""
+    walked: Sequence[QuantEntry] = entries if searched is None else searched.entries(entries)
     calibration, settings = None, DeviceSettings()
-    if needs_calibration(entries):
+    if needs_calibration(walked):
         if calibration_dir is None or work_dir is None:
             raise ValueError("quantize: gptq / awq need the calibration windows and a work dir")
         calibration = CalibrationSet.load(calibration_dir)
@@ -94,9 +109,9 @@ def run_quantize(
     source = CheckpointReader(source_path)
     work = work_dir if work_dir is not None else out / _LOCAL_WORK
     try:
-        summaries = quantize_layers(
+        quantize_layers(
             source,
-            entries,
+            walked,
             out,
             work,
             calibration,
@@ -106,6 +121,7 @@ def run_quantize(
     finally:
         if work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
-    (out / QuantizeOutput.SUMMARY).write_text(
-        json.dumps(summaries, indent=2, sort_keys=True) + "\n"
+    records = summaries(
+        entries, linear_names(source.cfg), searched.records() if searched is not None else None
     )
+    (out / QuantizeOutput.SUMMARY).write_text(json.dumps(records, indent=2, sort_keys=True) + "\n")
