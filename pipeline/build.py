@@ -104,9 +104,9 @@ def _lock(
     }
     if inputs.calibration is not None:
         lock["calibration"] = inputs.calibration.lock_entry
-    if outputs.target.precision is not None:  # {index of the auto entry: what it resolved to}
-        resolved = outputs.target.precision.resolutions().items()
-        lock["quantize_resolved"] = {str(i): r["entries"] for i, r in resolved}
+    resolved = outputs.target.quantize.resolved()  # {index of an auto entry: its entries}
+    if resolved is not None:
+        lock["quantize_resolved"] = resolved
     if inputs.evaluation is not None:
         spec = inputs.evaluation.spec
         lock["eval_dataset"] = {"dataset": spec.dataset, "text": inputs.evaluation.digest}

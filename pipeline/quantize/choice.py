@@ -1,7 +1,8 @@
-"""`method: auto` resolved: each unit's KL under each candidate measured (sensitivity.py), its
-stored bytes counted (units.unit_bytes), the choice made under the budget (knapsack.py), and
-the ordinary entries the layer walk runs in the auto entry's place, one per chosen candidate
-with the exact modules it got."""
+"""`method: auto` resolved from its measurements (sensitivity.py: each unit's KL under each
+candidate): each unit's stored bytes counted (units.unit_bytes), the choice made under the
+budget (knapsack.py), and the ordinary entries the layer walk runs in the auto entry's place,
+one per chosen candidate with the exact modules it got. numpy only: the quantize stage runs it
+in milliseconds, so entries differing only in their budget share one measurement."""
 
 from __future__ import annotations
 
@@ -11,27 +12,26 @@ from typing import Any
 
 import numpy as np
 
+from ..model.config import ModelConfig
 from .knapsack import choose
-from .method import QuantEntry, Resolution, SearchInputs, method_of
-from .sensitivity import measure_kl
+from .method import QuantEntry, Resolution, method_of
 from .units import Unit, unit_bytes
 
 __all__ = ["choose_units", "resolved_entries"]
 
 
 def choose_units(
-    entry: QuantEntry,
+    budget_bits: float,
     candidates: Sequence[QuantEntry],
     units: Sequence[Unit],
-    inputs: SearchInputs,
+    kl: np.ndarray,
+    cfg: ModelConfig,
 ) -> Resolution:
-    """The resolution of an auto entry (``budget_bits``) over ``units``."""
-    cfg = inputs.source.cfg
-    kl = measure_kl(inputs.source, inputs.calibration, units, candidates, device=inputs.device)
+    """The candidate of each unit minimizing the summed KL ``kl`` [units, candidates] with
+    the stored bits per weight within ``budget_bits``."""
     costs = np.array([[unit_bytes(c, u, cfg) for c in candidates] for u in units])  # [U, C]
     weights = sum(n * k for u in units for n, k in u.shapes(cfg))
-    budget = math.floor(entry.budget_bits * weights / 8)
-    picks = choose(costs, kl, budget)
+    picks = choose(costs, kl, math.floor(budget_bits * weights / 8))
     rows = range(len(units))
     used = int(sum(costs[u, picks[u]] for u in rows))
     entries = resolved_entries(candidates, units, picks)
@@ -41,21 +41,7 @@ def choose_units(
         "predicted_kl": float(sum(kl[u, picks[u]] for u in rows)),
         "resolved": [{**method_of(e).record(e), "modules": len(e.targets)} for e in entries],
     }
-    report = {
-        "budget_bytes": budget,
-        "weights": weights,
-        "candidates": [c.model_dump(mode="json") for c in candidates],
-        "units": [
-            {
-                "modules": u.modules,
-                "kl": kl[a].tolist(),
-                "bytes": costs[a].tolist(),
-                "chosen": picks[a],
-            }
-            for a, u in enumerate(units)
-        ],
-    }
-    return Resolution(tuple(entries), record, report)
+    return Resolution(tuple(entries), record)
 
 
 def resolved_entries(

@@ -210,12 +210,11 @@ class SearchInputs:
 @dataclass(frozen=True, slots=True)
 class Resolution:
     """A searched entry resolved: the ordinary entries (exact module targets) the layer walk
-    runs in its place, what quantize.json, the lock and the manifest record of the search
-    (`record`), and what the precision stage keeps of its measurements (`report`)."""
+    runs in its place, and what quantize.json, the manifest and ingot.lock record of the
+    search (`record`; its ``resolved`` holds those entries' records)."""
 
     entries: tuple[QuantEntry, ...]
     record: dict[str, Any]
-    report: dict[str, Any]
 
 
 class QuantMethod(ABC):
@@ -293,11 +292,21 @@ class QuantMethod(ABC):
 
     def searches(self, entry: QuantEntry) -> bool:
         """Whether the entry stands for ordinary entries chosen by measuring the model before
-        the layer walk (`search`, in the precision stage); the walk never sees it."""
+        the layer walk (`measure` in the precision stage, then `resolve` in the quantize
+        stage); the walk never sees it."""
         return False
 
-    def search(self, entry: QuantEntry, inputs: SearchInputs) -> Resolution:
-        """The entry resolved into ordinary entries by measurement (`searches`)."""
+    def measure_key(self, entry: QuantEntry) -> dict[str, Any]:
+        """What `measure` depends on of a searched entry (the precision stage's key): auto's
+        entry without its budget, so entries that differ only there share one measurement."""
+        raise NotImplementedError(f"{self.name}: not an entry resolved by a search")
+
+    def measure(self, entry: QuantEntry, inputs: SearchInputs) -> dict[str, Any]:
+        """A searched entry's measurements (JSON), which `resolve` chooses from."""
+        raise NotImplementedError(f"{self.name}: not an entry resolved by a search")
+
+    def resolve(self, entry: QuantEntry, measured: dict[str, Any], cfg: ModelConfig) -> Resolution:
+        """The searched entry resolved into ordinary entries from its measurements."""
         raise NotImplementedError(f"{self.name}: not an entry resolved by a search")
 
 

@@ -44,7 +44,6 @@ class ModelOutputs:
     quantize: QuantizeOutput
     export: ExportOutput
     engines: Mapping[str, EngineOutput]  # by engine name, in the recipe's target order
-    precision: PrecisionOutput | None = None  # with a searched (auto) entry
 
     def records(self, root: str = "") -> ModelRecords:
         """What the manifest records of the model, its engines under `root` in the artifact."""
@@ -79,8 +78,7 @@ class ModelStages:
 
     def outputs(self, walk: Walk) -> ModelOutputs:
         engines = {name: walk[stage] for name, stage in self.engines.items()}
-        precision = walk[self.precision] if self.precision is not None else None
-        return ModelOutputs(walk[self.quantize], walk[self.export], engines, precision)
+        return ModelOutputs(walk[self.quantize], walk[self.export], engines)
 
 
 def declare_model(

@@ -41,13 +41,20 @@ _LOCAL_WORK = ".layers"  # a dot-name: never part of the output's digest
 @dataclass(frozen=True, slots=True)
 class QuantizeOutput(StageOutput):
     """The IR (``ir_config.json``, ``ir.safetensors``: `quantize.checkpoint`, read by
-    `IRLayers` / `load_ir` on `dir`) and ``quantize.json`` (what each entry quantized)."""
+    `IRLayers` / `load_ir` on `dir`), ``quantize.json`` (what each entry quantized) and, with
+    a searched entry (auto), ``resolved.json`` (the entries it resolved to)."""
 
     SUMMARY: ClassVar[str] = "quantize.json"
+    RESOLVED: ClassVar[str] = "resolved.json"
 
     def summary(self) -> Any:
         """quantize.json: the manifest's `model.quantization`."""
         return self._json(self.SUMMARY)
+
+    def resolved(self) -> dict[str, Any] | None:
+        """resolved.json: {index of a searched entry: its resolved entries} (ingot.lock), or
+        None without a searched entry."""
+        return self._json(self.RESOLVED) if (self.dir / self.RESOLVED).exists() else None
 
 
 def quantize_stage(
@@ -97,16 +104,17 @@ def run_quantize(
     work_dir: Path | None = None,
     searched: PrecisionOutput | None = None,
 ) -> None:
-    """The IR and quantize.json in ``out``; the entries a search resolved (``searched``: the
-    precision stage's output) run in place of the searched ones."""
-    walked: Sequence[QuantEntry] = entries if searched is None else searched.entries(entries)
+    """The IR and quantize.json in ``out``; a searched entry is resolved from its measurements
+    (``searched``: the precision stage's output) and its entries run in its place."""
+    source = CheckpointReader(source_path)
+    resolved = searched.resolve(entries, source.cfg) if searched is not None else None
+    walked: Sequence[QuantEntry] = entries if resolved is None else resolved.walked()
     calibration, settings = None, DeviceSettings()
     if needs_calibration(walked):
         if calibration_dir is None or work_dir is None:
             raise ValueError("quantize: gptq / awq need the calibration windows and a work dir")
         calibration = CalibrationSet.load(calibration_dir)
         settings = read_device_settings(calibration_dir)  # what the stage's key holds
-    source = CheckpointReader(source_path)
     work = work_dir if work_dir is not None else out / _LOCAL_WORK
     try:
         quantize_layers(
@@ -122,6 +130,8 @@ def run_quantize(
         if work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     records = summaries(
-        entries, linear_names(source.cfg), searched.records() if searched is not None else None
+        entries, linear_names(source.cfg), resolved.records() if resolved is not None else None
     )
+    if resolved is not None:
+        (out / QuantizeOutput.RESOLVED).write_text(json.dumps(resolved.lock_entry()) + "\n")
     (out / QuantizeOutput.SUMMARY).write_text(json.dumps(records, indent=2, sort_keys=True) + "\n")

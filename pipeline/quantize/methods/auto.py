@@ -15,10 +15,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
+import numpy as np
 from pydantic import Field
 
 from ...model.architecture import linear_names
 from ...model.selection import selected
+from ..choice import choose_units
 from ..fields import Ignore, Targets
 from ..method import (
     QUANT_METHODS,
@@ -90,11 +92,28 @@ class Auto(QuantMethod):
     def searches(self, entry: AutoQuantize) -> bool:
         return True
 
-    def search(self, entry: AutoQuantize, inputs: SearchInputs) -> Resolution:
-        # torch: the search runs in the precision stage, not in the recipe or `ingot inspect`
-        from ..choice import choose_units
+    def measure_key(self, entry: AutoQuantize) -> dict[str, Any]:
+        return entry.model_dump(mode="json", exclude={"budget_bits"})
 
-        return choose_units(entry, entry.candidates, _units(entry, inputs.source.cfg), inputs)
+    def measure(self, entry: AutoQuantize, inputs: SearchInputs) -> dict[str, Any]:
+        """Each unit's mean KL (nats per token) under each candidate alone."""
+        # torch: the measurement runs in the precision stage, not in the recipe or `inspect`
+        from ..sensitivity import measure_kl
+
+        units = _units(entry, inputs.source.cfg)
+        kl = measure_kl(
+            inputs.source, inputs.calibration, units, entry.candidates, device=inputs.device
+        )
+        return {"units": [u.modules for u in units], "kl": kl.tolist()}
+
+    def resolve(
+        self, entry: AutoQuantize, measured: dict[str, Any], cfg: ModelConfig
+    ) -> Resolution:
+        units = _units(entry, cfg)
+        if measured["units"] != [u.modules for u in units]:
+            raise ValueError("auto: the measurements are of other modules than the entry's")
+        kl = np.asarray(measured["kl"])
+        return choose_units(entry.budget_bits, entry.candidates, units, kl, cfg)
 
     def scheme(self, entry: AutoQuantize) -> Scheme:
         """The candidates' scheme; a mix is reported as its first non-integer one (what the
