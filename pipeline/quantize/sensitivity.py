@@ -91,6 +91,7 @@ class _FloatModel:
     space: ActivationSpace
     inputs: dict[int, ActivationStore]
     final: ActivationStore
+    reference: dict[int, np.ndarray]  # the float logits [B * T, V] by chunk, if they fit
 
     @classmethod
     def load(
@@ -122,7 +123,13 @@ class _FloatModel:
             else:
                 x.close()
             x = out
-        return cls(cfg, layers, head, forward, space, inputs, x)
+        model = cls(cfg, layers, head, forward, space, inputs, x, {})
+        # The float logits are the same for every trial: kept when they fit in a quarter of the
+        # space's share of the activation budget (16 x 256 tokens x 4096 vocabulary: 64 MiB of
+        # the default 4 GiB's share), else recomputed per trial.
+        if x.shape[0] * x.shape[1] * cfg.vocab_size * 4 <= space.budget_bytes // 4:
+            model.reference = {a: model._reference(a, b) for a, b in model._chunks()}
+        return model
 
     def trial(self, unit: Unit, candidate: QuantEntry) -> float:
         """Summed KL over every token with only ``unit`` quantized by ``candidate``."""
@@ -152,10 +159,15 @@ class _FloatModel:
         for layer in after:
             if layer is not None:
                 h = self.forward(layer.to(self.forward.device), h)
-        vocab = self.cfg.vocab_size
-        logits = self.head(h).reshape(-1, vocab)  # [B * T, V]
-        reference = self.head(self.final.read(a, b)).reshape(-1, vocab)
-        return kl_sum(reference.float().cpu().numpy(), logits.float().cpu().numpy())
+        logits = self.head(h).reshape(-1, self.cfg.vocab_size)  # [B * T, V]
+        reference = self.reference[a] if a in self.reference else self._reference(a, b)
+        return kl_sum(reference, logits.float().cpu().numpy())
+
+    def _reference(self, a: int, b: int) -> np.ndarray:
+        """The float model's logits [B * T, V] of chunk [a, b)."""
+        with torch.inference_mode():
+            logits = self.head(self.final.read(a, b)).reshape(-1, self.cfg.vocab_size)
+        return logits.float().cpu().numpy()
 
     def _chunks(self) -> list[tuple[int, int]]:
         return _chunks(len(self.final), self.forward.batch)
