@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.report_only:
         return rerender(args.out_dir, STEM, _markdown)
-    import torch  # the scoring's threads
+    import torch  # the scoring's threads (not for --report-only)
 
     torch.set_num_threads(args.threads)
     watch = LoadWatch(args.threads, timed=False)
@@ -114,9 +114,10 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 def _model_rows(work: Path, checkpoint: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The auto rows (first: their measurement is what every row's predicted KL reads), then
     the uniform rows, of one model."""
+    # torch and the pipeline: the measuring half only (not --report-only)
     from benchmarks.quantize.auto_scoring import Scorer
 
-    scorer = Scorer(checkpoint, args.eval_text, args.max_windows)
+    scorer = Scorer(checkpoint, args.eval_text, args.max_windows, list(CANDIDATES.values()))
     cache = work / f"cache-{checkpoint.name}"
     rows = []
     for budget in args.budgets:
@@ -130,6 +131,7 @@ def _model_rows(work: Path, checkpoint: Path, args: argparse.Namespace) -> list[
 
 
 def _row(work, cache, checkpoint, args, scorer, label, quantize) -> dict[str, Any]:
+    # the pipeline imports torch: the measuring half only (not --report-only)
     from ingot.pipeline.build import build
     from ingot.pipeline.cache import StageCache
 

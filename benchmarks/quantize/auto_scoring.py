@@ -1,17 +1,29 @@
-"""auto_precision.py's scores of one built row: the IR's KL from the float model and its
-perplexity on the held-out windows, its KL on the calibration windows, the stored bytes
-(the graph's decoder-layer weights, the artifact's files), the mix of candidates, and the KL
-the search's sensitivities predict for that mix (their sum)."""
+"""auto_precision.py's scores of one built row (imported by its measuring half only: torch):
+the IR's KL from the float model and its perplexity on the held-out windows, its KL on the
+calibration windows, the stored bytes (the graph's decoder-layer weights, the artifact's
+files), the mix of candidates, and the KL the search's sensitivities predict for that mix
+(their sum)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+import torch
 
-__all__ = ["Scorer", "candidate_index"]
+from benchmarks.quantize.scoring import eval_windows
+from ingot.calibration.dataset import CalibrationSet
+from ingot.pipeline.evaluate import perplexity
+from ingot.pipeline.evaluate.kl import kl_sum
+from ingot.pipeline.model.architecture import linear_names, linear_shape
+from ingot.pipeline.model.load import load_model
+from ingot.pipeline.quantize.checkpoint import load_ir
+
+__all__ = ["Scorer", "layer_weight_bytes"]
 
 _LAYERS = ("layers.",)
 
@@ -19,20 +31,19 @@ _LAYERS = ("layers.",)
 class Scorer:
     """The float model and the held-out windows of one checkpoint."""
 
-    def __init__(self, checkpoint: Path, eval_text: Path, max_windows: int | None) -> None:
-        import torch
-
-        from benchmarks.quantize.scoring import eval_windows
-        from ingot.pipeline.model.load import load_model
-
+    def __init__(
+        self,
+        checkpoint: Path,
+        eval_text: Path,
+        max_windows: int | None,
+        candidates: list[dict[str, Any]],
+    ) -> None:
+        self.keys = [_key(c) for c in candidates]  # the search's columns, in order
         self.reference = load_model(checkpoint).eval()
         windows, _ = eval_windows(checkpoint, eval_text, max_windows)
         self.windows = torch.as_tensor(windows)
 
     def score(self, result: Any, cache: Any) -> dict[str, Any]:
-        from ingot.calibration.dataset import CalibrationSet
-        from ingot.pipeline.quantize.checkpoint import load_ir
-
         runs = {run.stage: run.key for run in result.stages}
         quantize = cache.path("quantize", runs["quantize"])
         ir = load_ir(quantize).eval()
@@ -41,7 +52,7 @@ class Scorer:
         manifest = json.loads((result.artifact / "manifest.json").read_text())
         [record] = manifest["model"]["quantization"]
         resolved = record.get("resolved", [record])  # a uniform row: its one entry
-        layer_bytes = _layer_bytes(result.artifact / "model.onnx")
+        layer_bytes = layer_weight_bytes(result.artifact / "model.onnx")
         weights = sum(n * k for n, k in _shapes(ir))
         return {
             "windows": int(self.windows.shape[0]),
@@ -65,15 +76,11 @@ class Scorer:
         total = 0.0
         for unit, kls in zip(measured["units"], measured["kl"], strict=True):
             [key] = {modules[m] for m in unit}  # a unit takes one candidate
-            total += kls[candidate_index(key)]
+            total += kls[self.keys.index(key)]
         return total
 
     def _heldout(self, ir: Any) -> tuple[float, float]:
         """(perplexity, mean KL per predicted token) on the held-out windows."""
-        import torch
-
-        from ingot.pipeline.evaluate import perplexity
-        from ingot.pipeline.evaluate.kl import kl_sum
 
         kl = [0.0, 0]
 
@@ -93,9 +100,6 @@ class Scorer:
     def _kl(self, ir: Any, tokens: np.ndarray) -> float:
         """Mean KL per token over every position of the calibration windows (as the search
         measured)."""
-        import torch
-
-        from ingot.pipeline.evaluate.kl import kl_sum
 
         total, count = 0.0, 0
         with torch.inference_mode():
@@ -107,13 +111,6 @@ class Scorer:
                 )
                 count += batch.numel()
         return total / count
-
-
-def candidate_index(key: tuple) -> int:
-    """The column of a candidate (method, bits, group size) in the search's measurements."""
-    from benchmarks.quantize.auto_precision import CANDIDATES
-
-    return [_key(c) for c in CANDIDATES.values()].index(key)
 
 
 def _key(entry: dict[str, Any]) -> tuple:
@@ -130,22 +127,17 @@ def _modules(record: dict[str, Any], ir: Any) -> list[str]:
     or every decoder-layer linear (a uniform row's one entry)."""
     if all(not t.startswith("re:") for t in record["targets"]):
         return record["targets"]
-    from ingot.pipeline.model.architecture import linear_names
 
     return [m for m in linear_names(ir.cfg) if m.startswith(_LAYERS)]
 
 
 def _shapes(ir: Any) -> list[tuple[int, int]]:
-    from ingot.pipeline.model.architecture import linear_names, linear_shape
 
     return [linear_shape(ir.cfg, m) for m in linear_names(ir.cfg) if m.startswith(_LAYERS)]
 
 
-def _layer_bytes(graph: Path) -> int:
+def layer_weight_bytes(graph: Path) -> int:
     """Bytes of the decoder layers' linear weights (codes, scales, zero points) in the graph."""
-    import re
-
-    import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
     total = 0

@@ -7,11 +7,10 @@ measurement, the same budget every stage; the runtime's greedy output equals the
 from __future__ import annotations
 
 import json
-import re
 
-import onnx
 import pytest
 
+from benchmarks.quantize.auto_scoring import layer_weight_bytes
 from ingot.pipeline.build import build
 from ingot.pipeline.cache import StageCache
 from ingot.pipeline.model.architecture import linear_names, linear_shape
@@ -53,17 +52,6 @@ def _runs(result) -> dict[str, bool]:
     return {run.stage: run.cached for run in result.stages}
 
 
-def _stored_bytes(graph) -> int:
-    """Bytes of the decoder layers' linear weights (codes, scales, zero points) in the graph."""
-    model = onnx.load(str(graph), load_external_data=False)
-    total = 0
-    for tensor in model.graph.initializer:
-        if re.match(r"layers\.\d+\.(attn|mlp)\.", tensor.name):
-            lengths = [int(e.value) for e in tensor.external_data if e.key == "length"]
-            total += sum(lengths) if lengths else len(tensor.raw_data)
-    return total
-
-
 def test_the_budget_holds_in_the_artifacts_bytes(built):
     result = built[0][0]
     manifest = json.loads((result.artifact / "manifest.json").read_text())
@@ -71,7 +59,7 @@ def test_the_budget_holds_in_the_artifacts_bytes(built):
     cfg = model_config()
     selected = [n for n in linear_names(cfg) if n != "lm_head"]
     weights = sum(k * n for k, n in (linear_shape(cfg, m) for m in selected))
-    stored = _stored_bytes(result.artifact / "model.onnx")
+    stored = layer_weight_bytes(result.artifact / "model.onnx")
     assert stored == record["stored_bytes"] <= BUDGET * weights / 8
     assert record["stored_bits"] == pytest.approx(8 * stored / weights)
     assert record["modules"] == len(selected)
