@@ -103,7 +103,7 @@ class _FloatModel:
         keep: set[int],
     ) -> _FloatModel:
         cfg, device = source.cfg, forward.device
-        layers = [source.layer(i) for i in range(cfg.num_layers)]  # on the CPU: trials copy
+        layers = [source.layer(i).to(device) for i in range(cfg.num_layers)]
         head = nn.Sequential(source.final_norm(), source.lm_head()).to(device)
         shape = (*tokens.shape, cfg.hidden_size)
         x = space.store("embed", shape)
@@ -113,11 +113,9 @@ class _FloatModel:
         inputs = {}
         for i, layer in enumerate(layers):
             out = space.store(f"in-{i + 1}", shape)
-            on_device = layer.to(device)
             with torch.inference_mode():
                 for a, b in _chunks(len(tokens), forward.batch):
-                    out.write(a, forward(on_device, x.read(a, b)))
-            layer.to("cpu")
+                    out.write(a, forward(layer, x.read(a, b)))
             if i in keep:
                 inputs[i] = x
             else:
@@ -134,7 +132,7 @@ class _FloatModel:
     def trial(self, unit: Unit, candidate: QuantEntry) -> float:
         """Summed KL over every token with only ``unit`` quantized by ``candidate``."""
         x, forward = self.inputs[unit.layer], self.forward
-        layer = copy.deepcopy(self.layers[unit.layer])
+        layer = copy.deepcopy(self.layers[unit.layer]).to("cpu")
         plan = {name: candidate for name in unit.names}
         round_linears(layer, plan)  # on the CPU, as the driver does
         layer.to(forward.device)
@@ -158,7 +156,7 @@ class _FloatModel:
         h = read(a, b)
         for layer in after:
             if layer is not None:
-                h = self.forward(layer.to(self.forward.device), h)
+                h = self.forward(layer, h)
         logits = self.head(h).reshape(-1, self.cfg.vocab_size)  # [B * T, V]
         reference = self.reference[a] if a in self.reference else self._reference(a, b)
         return kl_sum(reference, logits.float().cpu().numpy())

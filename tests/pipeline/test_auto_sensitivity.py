@@ -58,3 +58,13 @@ def test_a_units_sensitivity_is_the_kl_of_the_model_with_that_unit_alone_quantiz
             assert measured[a, c] == pytest.approx(expected, rel=1e-3), (unit, spec)
     # GPTQ's solve is not RTN's rounding: the measurement used the method's own weights
     assert not np.allclose(measured[:, 0], measured[:, 1], rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_the_measurement_on_a_gpu_is_the_cpus(checkpoint, calibration):
+    # The walk computes in full float32 on every device: GPTQ's and the KL's numbers agree.
+    candidates = [quantize_entry(c) for c in CANDIDATES[:2]]
+    source = CheckpointReader(checkpoint)
+    on_cpu = measure_kl(source, calibration, UNITS, candidates)
+    on_gpu = measure_kl(source, calibration, UNITS, candidates, device="cuda")
+    np.testing.assert_allclose(on_gpu, on_cpu, rtol=1e-3)
