@@ -39,12 +39,15 @@ class Scorer:
         candidates: list[dict[str, Any]],
     ) -> None:
         self.keys = [_key(c) for c in candidates]  # the search's columns, in order
+        self.measurement: Path | None = None  # precision.json of the last auto row
         self.reference = load_model(checkpoint).eval()
         windows, _ = eval_windows(checkpoint, eval_text, max_windows)
         self.windows = torch.as_tensor(windows)
 
     def score(self, result: Any, cache: Any) -> dict[str, Any]:
         runs = {run.stage: run.key for run in result.stages}
+        if "precision" in runs:  # an auto row: its measurement, for every row's prediction
+            self.measurement = cache.path("precision", runs["precision"]) / "precision.json"
         quantize = cache.path("quantize", runs["quantize"])
         ir = load_ir(quantize).eval()
         ppl, kl = self._heldout(ir)
@@ -64,15 +67,15 @@ class Scorer:
             "kl_calib": self._kl(ir, calibration.tokens),
             "mix": ", ".join(_describe(r) for r in resolved),
             "predicted_kl_calib": self.predicted(
-                cache.root, {m: _key(r) for r in resolved for m in _modules(r, ir)}
+                {m: _key(r) for r in resolved for m in _modules(r, ir)}
             ),
         }
 
-    def predicted(self, cache_root: Path, modules: dict[str, tuple]) -> float:
-        """The sum of the units' measured KLs (the precision stage's: each unit alone, on the
-        calibration windows) under the candidate each module got ({module: its key})."""
-        [found] = (cache_root / "stages" / "precision").glob("*/precision.json")
-        [measured] = json.loads(found.read_text()).values()
+    def predicted(self, modules: dict[str, tuple]) -> float:
+        """The sum of the units' measured KLs (the last auto row's precision stage: each unit
+        alone, on the calibration windows) under the candidate each module got ({module: its
+        key})."""
+        [measured] = json.loads(self.measurement.read_text()).values()
         total = 0.0
         for unit, kls in zip(measured["units"], measured["kl"], strict=True):
             [key] = {modules[m] for m in unit}  # a unit takes one candidate
