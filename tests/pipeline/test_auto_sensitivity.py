@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fixtures import make_checkpoint
 
 from ingot.calibration.dataset import CalibrationSet
 from ingot.pipeline.evaluate.kl import mean_kl
@@ -17,6 +16,8 @@ from ingot.pipeline.quantize.apply import quantize_model
 from ingot.pipeline.quantize.sensitivity import measure_kl
 from ingot.pipeline.quantize.units import Unit
 from ingot.pipeline.recipe.quantize import quantize_entry
+
+from fixtures import make_checkpoint
 
 CANDIDATES = [
     {"method": "rtn", "bits": 4, "group_size": 32},
