@@ -3,8 +3,8 @@ exchanges with the layer walk, and the registry that finds methods by name.
 
 A method is one module defining ``PLUGIN``, a `QuantMethod`: the built-ins are methods/rtn.py,
 gptq.py, awq.py, smoothquant.py, fp8.py and auto.py (a search over the others' entries, resolved
-before the walk: `searches`, `search`), listed in `QUANT_METHODS`; another distribution adds one
-under the entry-point group ``ingot.quant_methods``. The plug-in gives:
+before the walk: `searches`, `measure`, `resolve`), listed in `QUANT_METHODS`; another
+distribution adds one under the entry-point group ``ingot.quant_methods``. The plug-in gives:
 
 - its recipe entry (`QuantMethod.entry`, a `QuantEntry` model whose ``method`` literal is the
   plug-in's name): the recipe's `quantize` union is assembled from them (recipe/quantize.py);
