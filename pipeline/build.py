@@ -14,7 +14,7 @@ from .cache import StageCache, code_digest
 from .plan import plan_build
 from .resources import calibration_device, check_resources, require_resources
 from .stages.evaluate import judge_gates
-from .stages.graph import declare_stages
+from .stages.graph import BuildOutputs, declare_stages
 from .stages.package import Package, run_package
 from .stages.prepare import BuildInputs, prepare
 from .stages.walk import StageRun, Walk
@@ -59,7 +59,8 @@ def build(
     outputs = graph.outputs(walk)
     # The gates run before packaging: the previous artifact and every cached stage stay.
     eval_fields = judge_gates(outputs.evaluation, inputs)
-    package = Package(inputs, outputs, eval_fields, _lock(inputs, walk.runs, walk.versions))
+    lock = _lock(inputs, walk.runs, walk.versions, outputs)
+    package = Package(inputs, outputs, eval_fields, lock)
     digest = walk.step("package", lambda: run_package(out_dir, package, walk.known_digests)[1])
     return BuildResult(out_dir, digest, walk.runs)
 
@@ -87,9 +88,11 @@ def _require_resources(inputs: BuildInputs, cache: StageCache, out_dir: Path) ->
     require_resources(check_resources(needs, cache_dir=cache.root, out_dir=out_dir, device=device))
 
 
-def _lock(inputs: BuildInputs, runs: list[StageRun], versions: dict[str, str]) -> dict:
+def _lock(
+    inputs: BuildInputs, runs: list[StageRun], versions: dict[str, str], outputs: BuildOutputs
+) -> dict:
     """ingot.lock: what the artifact was built from (recipe, source files, data, each stage's
-    key and output digest, the tools)."""
+    key and output digest, the tools, and the quantize entries a search resolved)."""
     source = inputs.source
     lock: dict[str, Any] = {
         "lock_version": 1,
@@ -101,6 +104,9 @@ def _lock(inputs: BuildInputs, runs: list[StageRun], versions: dict[str, str]) -
     }
     if inputs.calibration is not None:
         lock["calibration"] = inputs.calibration.lock_entry
+    resolved = outputs.target.quantize.resolved()  # {index of an auto entry: its entries}
+    if resolved is not None:
+        lock["quantize_resolved"] = resolved
     if inputs.evaluation is not None:
         spec = inputs.evaluation.spec
         lock["eval_dataset"] = {"dataset": spec.dataset, "text": inputs.evaluation.digest}

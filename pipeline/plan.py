@@ -20,9 +20,11 @@ from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
 
 from .engines import ENGINE_BUILDERS
 from .engines.base import EngineSizing, EngineTarget, engine_name
-from .model.architecture import LAYER_LINEARS, linear_shape
+from .model.architecture import LAYER_LINEARS, linear_names, linear_shape
 from .model.config import ConfigError, ModelConfig
+from .model.selection import selected
 from .quantize.method import LayerCost, LayerWork, Observation, method_of
+from .quantize.units import units_of
 from .recipe import Quantize, Recipe, RecipeError
 from .source import OFFLINE_HINT, hub_cached_snapshot, hub_file, read_config_file, read_config_json
 
@@ -207,6 +209,9 @@ def _model_stages(
     calibrated = [e for e in entries if e.calibrated]
     if calibrated and recipe.calibration is not None:
         stages.append(_calibrate(recipe, recipe_path))
+        searched = [e for e in entries if method_of(e).searches(e)]
+        if searched:
+            stages.append(_precision(shapes, recipe, searched))
         stages.append(_quantize_layerwise(shapes, recipe, calibrated))
     else:
         windows = recipe.kv_cache.quantized or (not prefix and recipe.trains_heads())
@@ -469,6 +474,39 @@ def _quantize_layerwise(
         f"activations 3 x {acts / 2**20:.0f} MiB ({where}), Hessians {hessian / 2**20:.0f} MiB"
     )
     return StageEstimate("quantize", int(peak), seconds, note, gpu_bytes=work if on_gpu else 0)
+
+
+def _precision(shapes: _Shapes, recipe: Recipe, entries: Sequence[Quantize]) -> StageEstimate:
+    """The precision search's measurement (quantize/sensitivity.py): one float forward of the
+    model over the calibration windows, then per (unit, candidate) trial its layer quantized by
+    the candidate's method, the layers after it and the final norm + lm_head twice (the trial's
+    and the float logits, scored by KL). Holds the float layers and the inputs of every layer
+    (spilled past the activation budget)."""
+    c, cal = shapes.cfg, recipe.calibration
+    tokens = cal.samples * cal.seq_len
+    attention = 4 * cal.samples * cal.seq_len**2 * c.num_heads * c.head_dim
+    forward = 2 * shapes.layer_params * tokens + attention
+    head = 2 * tokens * c.hidden_size * c.vocab_size
+    work = LayerWork(tuple(shapes.linears()), tokens, forward)
+    trials, passes, flops = 0, 0.0, 0.0
+    for entry in entries:
+        for unit in units_of(selected(entry, linear_names(c)), c):
+            for candidate in method_of(entry).nested(entry).values():
+                after = c.num_layers - unit.layer - 1
+                costs = method_of(candidate).layer_costs(candidate, work)
+                trials += 1
+                passes += CONSTANTS["forward_passes_per_layer"] + after
+                flops += sum(cost.flops for cost in costs.values()) + 2 * head
+    flops += passes * forward + c.num_layers * forward
+    acts = tokens * c.hidden_size * 4
+    held = min((c.num_layers + 1) * acts, budget_from_env()) + 4 * CONSTANTS["chunk_bytes"]
+    peak = CONSTANTS["runtime_baseline_bytes"] + shapes.params * 4 + held
+    seconds = flops / CONSTANTS["batched_flops_per_second"]
+    note = (
+        f"{trials} trials (unit x candidate): {passes + c.num_layers:.0f} layer forwards and "
+        f"{2 * trials} lm_head passes over {tokens} calibration tokens"
+    )
+    return StageEstimate("precision", int(peak), seconds, note)
 
 
 def _method_costs(entries: Sequence[Quantize], work: LayerWork) -> dict[str, LayerCost]:

@@ -81,7 +81,7 @@ from .layerwise import (
 from .method import QuantEntry, method_of
 from .summary import summaries
 
-__all__ = ["LayerCheckpoints", "quantize_in_place", "quantize_layers"]
+__all__ = ["LayerCheckpoints", "full_float32", "quantize_in_place", "quantize_layers"]
 
 # Progress: on_layer(i, "quantized" | "resumed").
 OnLayer = Callable[[int, str], None]
@@ -241,7 +241,7 @@ class _Where:
 
 
 @contextlib.contextmanager
-def _full_float32() -> Iterator[None]:
+def full_float32() -> Iterator[None]:
     """Matmuls in full float32 (no TF32 on a GPU, no reduced precision on a CPU) while the
     layers are calibrated: the results must depend on the device alone, not on a setting
     someone else left in the process."""
@@ -274,7 +274,7 @@ def _walk(
                 raise ValueError(
                     "quantize: calibrated entries need calibration data (calibration=...)"
                 )
-            stack.enter_context(_full_float32())
+            stack.enter_context(full_float32())
             acts = _Activations.start(source, calibration, spill_dir, where)
             stack.callback(acts.close)
         for i in range(n):

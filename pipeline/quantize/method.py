@@ -2,8 +2,9 @@
 exchanges with the layer walk, and the registry that finds methods by name.
 
 A method is one module defining ``PLUGIN``, a `QuantMethod`: the built-ins are methods/rtn.py,
-gptq.py, awq.py, smoothquant.py and fp8.py, listed in `QUANT_METHODS`; another distribution
-adds one under the entry-point group ``ingot.quant_methods``. The plug-in gives:
+gptq.py, awq.py, smoothquant.py, fp8.py and auto.py (a search over the others' entries, resolved
+before the walk: `searches`, `measure`, `resolve`), listed in `QUANT_METHODS`; another
+distribution adds one under the entry-point group ``ingot.quant_methods``. The plug-in gives:
 
 - its recipe entry (`QuantMethod.entry`, a `QuantEntry` model whose ``method`` literal is the
   plug-in's name): the recipe's `quantize` union is assembled from them (recipe/quantize.py);
@@ -39,8 +40,11 @@ from ingot.common import Registry
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
+    from ingot.calibration.dataset import CalibrationSet
+
     from ..model.config import ModelConfig
     from ..model.input_quant import InputQuant
+    from ..model.layer_source import LayerSource
     from ..model.qlinear import QuantizedLinear
 
 __all__ = [
@@ -56,7 +60,9 @@ __all__ = [
     "Observation",
     "QuantEntry",
     "QuantMethod",
+    "Resolution",
     "Scheme",
+    "SearchInputs",
     "method_of",
 ]
 
@@ -191,6 +197,26 @@ class LayerCost:
     flops: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class SearchInputs:
+    """What an entry that is resolved by measurement (`QuantMethod.searches`) measures on: the
+    float model a layer at a time, the calibration windows, the device of the layer walk."""
+
+    source: LayerSource
+    calibration: CalibrationSet
+    device: str = "cpu"
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """A searched entry resolved: the ordinary entries (exact module targets) the layer walk
+    runs in its place, and what quantize.json, the manifest and ingot.lock record of the
+    search (`record`; its ``resolved`` holds those entries' records)."""
+
+    entries: tuple[QuantEntry, ...]
+    record: dict[str, Any]
+
+
 class QuantMethod(ABC):
     """One quantization method. Subclasses set `name` and `entry`; the defaults fit a method
     that rounds without data (override `round`) or one that observes its inputs (override
@@ -259,6 +285,30 @@ class QuantMethod(ABC):
         on its behalf (the plan counts each name once)."""
         return {self.name: LayerCost()} if entry.calibrated else {}
 
+    def nested(self, entry: QuantEntry) -> dict[str, QuantEntry]:
+        """Entries inside this one ({path relative to it: entry}, auto's candidates): the
+        recipe checks check each against the modules this entry selects, as its own."""
+        return {}
+
+    def searches(self, entry: QuantEntry) -> bool:
+        """Whether the entry stands for ordinary entries chosen by measuring the model before
+        the layer walk (`measure` in the precision stage, then `resolve` in the quantize
+        stage); the walk never sees it."""
+        return False
+
+    def measure_key(self, entry: QuantEntry) -> dict[str, Any]:
+        """What `measure` depends on of a searched entry (the precision stage's key): auto's
+        entry without its budget, so entries that differ only there share one measurement."""
+        raise NotImplementedError(f"{self.name}: not an entry resolved by a search")
+
+    def measure(self, entry: QuantEntry, inputs: SearchInputs) -> dict[str, Any]:
+        """A searched entry's measurements (JSON), which `resolve` chooses from."""
+        raise NotImplementedError(f"{self.name}: not an entry resolved by a search")
+
+    def resolve(self, entry: QuantEntry, measured: dict[str, Any], cfg: ModelConfig) -> Resolution:
+        """The searched entry resolved into ordinary entries from its measurements."""
+        raise NotImplementedError(f"{self.name}: not an entry resolved by a search")
+
 
 class IntegerMethod(QuantMethod):
     """A weight-only integer method: codes on its entry's grid, zero points when asymmetric."""
@@ -286,6 +336,7 @@ QUANT_METHODS: Registry[QuantMethod] = Registry(
         "awq": "ingot.pipeline.quantize.methods.awq",
         "smoothquant": "ingot.pipeline.quantize.methods.smoothquant",
         "fp8": "ingot.pipeline.quantize.methods.fp8",
+        "auto": "ingot.pipeline.quantize.methods.auto",
     },
     group="ingot.quant_methods",
 )

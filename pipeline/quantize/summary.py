@@ -1,8 +1,10 @@
-"""The manifest's record of a recipe's quantize list: each entry's settings and module count."""
+"""The manifest's record of a recipe's quantize list: each entry's settings and module count;
+for an entry resolved by a search (`method: auto`), the search's record with the entries it
+resolved to."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..model.selection import selected
@@ -11,9 +13,23 @@ from .method import QuantEntry, method_of
 __all__ = ["summaries"]
 
 
-def summaries(entries: Sequence[QuantEntry], names: Iterable[str]) -> list[dict[str, Any]]:
+def summaries(
+    entries: Sequence[QuantEntry],
+    names: Iterable[str],
+    searched: Mapping[int, dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """One record per entry: what its method records of it (`QuantMethod.record`: the settings
     as the recipe states them), plus how many of the linears `names` it selects (written to
-    quantize.json, then the manifest)."""
-    names = list(names)
-    return [{**method_of(e).record(e), "modules": len(selected(e, names))} for e in entries]
+    quantize.json, then the manifest). `searched`: {index: the search's record} of entries
+    resolved before the walk (`Resolution.record`, with its `resolved` entries' records)."""
+    names, searched = list(names), searched or {}
+    records = []
+    for i, e in enumerate(entries):
+        record = method_of(e).record(e)
+        if i in searched:
+            found = searched[i]
+            modules = sum(r["modules"] for r in found["resolved"])
+            records.append({**record, **found, "modules": modules})
+        else:
+            records.append({**record, "modules": len(selected(e, names))})
+    return records

@@ -41,6 +41,9 @@ def quantize_problems(entries: Sequence[Quantize], cfg: ModelConfig, path: str) 
             problems.append(f"{at}: selects no module (its ignore covers its targets)")
         problems += _check_group_size(at, entry, chosen, cfg)
         problems += method_of(entry).model_problems(at, entry, chosen, cfg)
+        for inside, inner in method_of(entry).nested(entry).items():  # auto's candidates
+            problems += _check_group_size(f"{at}.{inside}", inner, chosen, cfg)
+            problems += method_of(inner).model_problems(f"{at}.{inside}", inner, chosen, cfg)
         if entry.calibrated and "lm_head" in chosen:
             problems.append(
                 f"{at}.ignore: {entry.method} quantizes decoder-layer linears only "

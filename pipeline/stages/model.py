@@ -1,6 +1,7 @@
-"""One model's compile stages, declared: [calibrate] -> quantize -> export -> engine per target,
-for the target and (prefixed ``draft-``) a draft model, with the recipe's kv_cache, export and
-targets (a draft's block size must be the target's)."""
+"""One model's compile stages, declared: [calibrate] -> [precision] -> quantize -> export ->
+engine per target, for the target and (prefixed ``draft-``) a draft model, with the recipe's
+kv_cache, export and targets (a draft's block size must be the target's). The precision stage
+comes with an entry resolved by a search (`method: auto`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..recipe import Quantize, Recipe
 from .calibrate import Calibrated, PreparedCalibration, calibrate_stage
 from .engine import EngineOutput, engine_stage
 from .export import ExportOutput, export_stage
+from .precision import PrecisionOutput, precision_stage
 from .quantize import QuantizeOutput, quantize_stage
 from .stage import Stage
 from .walk import Walk
@@ -62,6 +64,7 @@ class ModelStages:
     quantize: Stage[QuantizeOutput]
     export: Stage[ExportOutput]
     engines: Mapping[str, Stage[EngineOutput]]  # by engine name, in the recipe's target order
+    precision: Stage[PrecisionOutput] | None = None  # with a searched (auto) entry
 
     @property
     def first_engine(self) -> str:
@@ -70,7 +73,8 @@ class ModelStages:
 
     def stages(self) -> list[Stage[Any]]:
         calibrate = [self.calibrated.stage] if self.calibrated is not None else []
-        return [*calibrate, self.quantize, self.export, *self.engines.values()]
+        precision = [self.precision] if self.precision is not None else []
+        return [*calibrate, *precision, self.quantize, self.export, *self.engines.values()]
 
     def outputs(self, walk: Walk) -> ModelOutputs:
         engines = {name: walk[stage] for name, stage in self.engines.items()}
@@ -85,10 +89,12 @@ def declare_model(
     calibrated = None
     if model.calibration is not None:  # a GPTQ / AWQ entry, an int8 / fp8 KV cache, heads
         calibrated = calibrate_stage(model.prefix, model.digest, model.calibration)
-    quantize = quantize_stage(model.prefix, model.path, model.digest, model.entries, calibrated)
+    args = (model.prefix, model.path, model.digest, model.entries, calibrated)
+    precision = precision_stage(*args)  # an auto entry resolved first
+    quantize = quantize_stage(*args, precision)
     export = export_stage(model.prefix, recipe, quantize, calibrated, aux_layers)
     engines = {
         engine_name(target): engine_stage(model.prefix, target, export, quantize)
         for target in recipe.targets
     }
-    return ModelStages(calibrated, quantize, export, engines)
+    return ModelStages(calibrated, quantize, export, engines, precision)

@@ -22,11 +22,15 @@ from typing import Any, ClassVar
 from ingot.calibration.dataset import CalibrationSet
 
 from ..device import DeviceSettings
+from ..model.architecture import linear_names
 from ..model.load import CheckpointReader
 from ..quantize.driver import quantize_layers
 from ..quantize.layerwise import needs_calibration
+from ..quantize.method import QuantEntry
+from ..quantize.summary import summaries
 from ..recipe.quantize import Quantize
 from .calibrate import Calibrated, read_device_settings
+from .precision import PrecisionOutput
 from .stage import Input, Stage, StageJob, StageOutput
 
 __all__ = ["QuantizeOutput", "quantize_stage", "run_quantize"]
@@ -37,13 +41,20 @@ _LOCAL_WORK = ".layers"  # a dot-name: never part of the output's digest
 @dataclass(frozen=True, slots=True)
 class QuantizeOutput(StageOutput):
     """The IR (``ir_config.json``, ``ir.safetensors``: `quantize.checkpoint`, read by
-    `IRLayers` / `load_ir` on `dir`) and ``quantize.json`` (what each entry quantized)."""
+    `IRLayers` / `load_ir` on `dir`), ``quantize.json`` (what each entry quantized) and, with
+    a searched entry (auto), ``resolved.json`` (the entries it resolved to)."""
 
     SUMMARY: ClassVar[str] = "quantize.json"
+    RESOLVED: ClassVar[str] = "resolved.json"
 
     def summary(self) -> Any:
         """quantize.json: the manifest's `model.quantization`."""
         return self._json(self.SUMMARY)
+
+    def resolved(self) -> dict[str, Any] | None:
+        """resolved.json: {index of a searched entry: its resolved entries} (ingot.lock), or
+        None without a searched entry."""
+        return self._json(self.RESOLVED) if (self.dir / self.RESOLVED).exists() else None
 
 
 def quantize_stage(
@@ -52,10 +63,12 @@ def quantize_stage(
     source_digest: str,
     entries: Sequence[Quantize],
     calibrated: Calibrated | None,
+    precision: Stage[PrecisionOutput] | None = None,
 ) -> Stage[QuantizeOutput]:
     """The quantize stage of one model (`prefix` "" or "draft-"), on the calibrate stage's
     windows when a GPTQ / AWQ entry needs them (resumable then); an RTN recipe's key holds no
-    calibration, even when its KV cache's scales need one."""
+    calibration, even when its KV cache's scales need one. With a `precision` stage (an auto
+    entry) it runs the entries that stage resolved, keyed on its output."""
     # The slice is the entries' JSON (what Recipe.stage_slice("quantize") gives the target)
     key_slice: dict[str, Any] = {"quantize": [entry.model_dump(mode="json") for entry in entries]}
     inputs: dict[str, Input] = {"source": source_digest}
@@ -66,10 +79,15 @@ def quantize_stage(
         calibrate = calibrated.stage
         key_slice["calibration"] = calibrated.key_slice
         inputs |= calibrated.inputs()
+    if precision is not None:
+        inputs["precision"] = precision
 
     def produce(job: StageJob) -> None:
         c_dir = job[calibrate].dir if calibrate is not None else None
-        run_quantize(source, entries, job.out, calibration_dir=c_dir, work_dir=job.work)
+        searched = job[precision] if precision is not None else None
+        run_quantize(
+            source, entries, job.out, calibration_dir=c_dir, work_dir=job.work, searched=searched
+        )
 
     resumable = calibrate is not None  # its layers' checkpoints survive a crash
     return Stage(
@@ -84,19 +102,24 @@ def run_quantize(
     *,
     calibration_dir: Path | None = None,
     work_dir: Path | None = None,
+    searched: PrecisionOutput | None = None,
 ) -> None:
+    """The IR and quantize.json in ``out``; a searched entry is resolved from its measurements
+    (``searched``: the precision stage's output) and its entries run in its place."""
+    source = CheckpointReader(source_path)
+    resolved = searched.resolve(entries, source.cfg) if searched is not None else None
+    walked: Sequence[QuantEntry] = entries if resolved is None else resolved.walked()
     calibration, settings = None, DeviceSettings()
-    if needs_calibration(entries):
+    if needs_calibration(walked):
         if calibration_dir is None or work_dir is None:
             raise ValueError("quantize: gptq / awq need the calibration windows and a work dir")
         calibration = CalibrationSet.load(calibration_dir)
         settings = read_device_settings(calibration_dir)  # what the stage's key holds
-    source = CheckpointReader(source_path)
     work = work_dir if work_dir is not None else out / _LOCAL_WORK
     try:
-        summaries = quantize_layers(
+        quantize_layers(
             source,
-            entries,
+            walked,
             out,
             work,
             calibration,
@@ -106,6 +129,9 @@ def run_quantize(
     finally:
         if work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
-    (out / QuantizeOutput.SUMMARY).write_text(
-        json.dumps(summaries, indent=2, sort_keys=True) + "\n"
+    records = summaries(
+        entries, linear_names(source.cfg), resolved.records() if resolved is not None else None
     )
+    if resolved is not None:
+        (out / QuantizeOutput.RESOLVED).write_text(json.dumps(resolved.lock_entry()) + "\n")
+    (out / QuantizeOutput.SUMMARY).write_text(json.dumps(records, indent=2, sort_keys=True) + "\n")
