@@ -1,5 +1,12 @@
 """The sweep: many variants of one recipe built, measured and compared (`ingot sweep`).
 
+run.py: the orchestration (`run_sweep`). axes.py: the axes file; variants.py: the variants,
+their names and dotted paths set in a recipe; recipes.py and paths.py: each variant as a full
+recipe under DIR/recipes/ (paths made absolute), checked by the build's preflight;
+quality.py: KL, perplexity and size from a built artifact, perplexity on the out-of-domain
+text; pareto.py: the front; results.py, markdown.py, plot.py: sweep.json, sweep.md,
+pareto.png; pick.py: `--pick` / `--maximize` -> picked.yaml.
+
 executor.py: `BuildJob` / `BuildOutcome`, the `Executor` interface and its registry
 `EXECUTORS` (executors/: `local`, many builds at once on this host as memory allows; `ray`,
 each build a task on a Ray cluster); build_worker.py: one build in a fresh interpreter (its
