@@ -7,12 +7,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from inspect import signature
 from pathlib import Path
 from typing import Any, Protocol
 
-from ingot.common import Registry
+from ingot.common import IngotError, Registry
 
-__all__ = ["BuildJob", "BuildOutcome", "EXECUTORS", "Executor", "ExecutorFactory", "make_executor"]
+from ..plan import plan_build, read_hf_config
+from ..recipe import load_recipe
+
+__all__ = [
+    "BuildJob",
+    "BuildOutcome",
+    "EXECUTORS",
+    "Executor",
+    "ExecutorFactory",
+    "ExecutorOptionError",
+    "make_executor",
+    "planned_peak_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -30,6 +43,10 @@ class BuildOutcome:
     build_s: float  # wall seconds of the build
     peak_build_bytes: int  # peak resident memory of the build's process (its own process)
     error: str | None  # None, or the one-line reason it failed (the IngotError's text)
+
+
+class ExecutorOptionError(IngotError, ValueError):
+    """An executor option it does not take, or a value it cannot use."""
 
 
 class Executor(Protocol):
@@ -57,5 +74,25 @@ EXECUTORS: Registry[ExecutorFactory] = Registry(
 
 def make_executor(name: str = "local", **options: Any) -> Executor:
     """The executor called `name`, made with `options` (e.g. local's `jobs`, ray's
-    `address`); `UnknownPlugin` (one line naming the known ones) for an unknown name."""
-    return EXECUTORS.get(name)(**options)
+    `address`); `UnknownPlugin` (one line naming the known ones) for an unknown name,
+    `ExecutorOptionError` for an option it does not take."""
+    factory = EXECUTORS.get(name)
+    known = signature(factory).parameters
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ExecutorOptionError(
+            f"executor {name}: unknown option {', '.join(map(repr, unknown))} "
+            f"(known: {', '.join(known) or 'none'})"
+        )
+    return factory(**options)
+
+
+def planned_peak_bytes(recipe: Path) -> int | None:
+    """`ingot plan`'s peak host memory for building `recipe`; None when the recipe cannot be
+    planned (its build then fails with the reason, as one variant's outcome)."""
+    try:
+        loaded = load_recipe(recipe)
+        config, local = read_hf_config(loaded.stage_slice("source")["source"])
+        return plan_build(loaded, Path(recipe), config, local).peak.peak_bytes
+    except (IngotError, OSError):
+        return None
