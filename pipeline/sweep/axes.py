@@ -29,7 +29,7 @@ from ..recipe.errors import format_validation_error
 from ..recipe.load import _UniqueKeyLoader
 from .errors import SweepError
 
-__all__ = ["Axes", "SpeedSettings", "load_axes"]
+__all__ = ["Axes", "SpeedSettings", "canonical", "load_axes"]
 
 # A dotted path: field names (a recipe's keys) and list indices (numbers).
 _PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|[0-9]+))*")
@@ -107,7 +107,7 @@ def _axis_problems(axes: Axes) -> list[str]:
             )
         elif not values:
             problems.append(f"axes.{path}: no values (list at least one)")
-        elif len({_canonical(v) for v in values}) < len(values):
+        elif len({canonical(v) for v in values}) < len(values):
             problems.append(f"axes.{path}: a value is listed twice (got {values!r})")
     return problems
 
@@ -121,20 +121,20 @@ def _variant_problems(axes: Axes) -> list[str]:
         for path, values in axes.axes.items():
             if path not in variant:
                 problems.append(f"variants.{i}: gives no value for the axis {path}")
-            elif _canonical(variant[path]) not in {_canonical(v) for v in values}:
+            elif canonical(variant[path]) not in {canonical(v) for v in values}:
                 problems.append(
                     f"variants.{i}.{path}: {variant[path]!r} is not one of the axis's "
                     f"values {values!r}"
                 )
     seen: dict[str, int] = {}
     for i, variant in enumerate(axes.variants or []):
-        key = _canonical(variant)
+        key = canonical(variant)
         if key in seen:
             problems.append(f"variants.{i}: the same combination as variants.{seen[key]}")
         seen.setdefault(key, i)
     return problems
 
 
-def _canonical(value: Any) -> str:
+def canonical(value: Any) -> str:
     """A value's identity for duplicate checks (mappings compare by content)."""
     return json.dumps(value, sort_keys=True, default=str)

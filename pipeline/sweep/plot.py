@@ -49,6 +49,7 @@ def write_plot(out: Path, rows: list[Row]) -> Path:
             ax.annotate(r.name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.set_xlabel(label)
         ax.set_ylabel("mean KL to the original, nats/token (lower is better)")
+        ax.ticklabel_format(useOffset=False)  # sizes a few bytes apart: no "+1.196e1"
         ax.grid(alpha=0.3)
     fig.suptitle("ingot sweep: filled = Pareto front (kl, size, tok/s b1 and b32)")
     path = out / PARETO_PNG

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .axes import Axes
+from .axes import Axes, canonical
 
 __all__ = ["Variant", "VariantPathError", "expand", "set_path"]
 
@@ -27,11 +27,14 @@ class VariantPathError(ValueError):
 
 
 def expand(axes: Axes) -> list[Variant]:
-    """The sweep's variants in order, with unique names: the values' tokens joined by `_`
-    (`gptq_group_size32_int8`), a `-2`, `-3`... suffix where two would still collide."""
+    """The sweep's variants in order, with unique names: the tokens of the values of the axes
+    that have more than one, joined by `_` (`gptq_group_size32_int8`), a `-2`, `-3`...
+    suffix where two would still collide."""
+    tokens = {path: _tokens(path, values) for path, values in axes.axes.items()}
     variants, used = [], set()
     for values in axes.combinations():
-        base = "_".join(_token(path, value) for path, value in values.items()) or "base"
+        parts = [tokens[path][canonical(v)] for path, v in values.items()]
+        base = "_".join(p for p in parts if p) or "base"
         name, n = base, 1
         while name.lower() in used:  # case-insensitive file systems
             n += 1
@@ -41,30 +44,51 @@ def expand(axes: Axes) -> list[Variant]:
     return variants
 
 
-def _token(path: str, value: Any) -> str:
-    """A value in a name: a string as written (`gptq`); otherwise prefixed by the field it
-    sets (`group_size32`, `speculative-ngram`, `no-speculative`)."""
-    key = next(s for s in reversed(path.split(".")) if not s.isdigit())
+def _tokens(path: str, values: list[Any]) -> dict[str, str]:
+    """{value: its token in names} for one axis: none for an axis of one value; a string as
+    written (`gptq`); a number or flag after the field it sets (`group_size32`, `no-speculative`);
+    a mapping or list by the leaves in which the axis's values that have them differ, or its
+    first leaf (`ngram` beside `no-speculative`; `gptq-bits8` beside `rtn-bits4`)."""
+    if len(values) == 1:
+        return {canonical(values[0]): ""}
+    key = next((s for s in reversed(path.split(".")) if not s.isdigit()), "value")
+    flat = [_flatten(v) if isinstance(v, dict | list) else None for v in values]
+    leaves = dict.fromkeys(k for f in flat if f is not None for k in f)  # in order
+    varying = [k for k in leaves if len({repr(f[k]) for f in flat if f and k in f}) > 1]
+    out = {}
+    for value, leaf in zip(values, flat, strict=True):
+        if leaf is None:
+            text = _scalar(key, value)
+        elif not leaf:
+            text = f"no-{key}"  # [] or {}
+        else:
+            shown = [k for k in varying if k in leaf] or list(leaf)[:1]
+            text = "-".join(_scalar(k.split(".")[-1], leaf[k]) for k in shown)
+        out[canonical(value)] = _UNSAFE.sub("-", text).strip("-.")[:_MAX_TOKEN] or key
+    return out
+
+
+def _scalar(key: str, value: Any) -> str:
     if isinstance(value, str):
-        text = value
-    elif value is None or value is False:
-        text = f"no-{key}"
-    elif value is True:
-        text = key
-    elif isinstance(value, int | float):
-        text = f"{key}{value}"
-    else:
-        text = f"{key}-{'-'.join(_leaves(value))}"
-    return _UNSAFE.sub("-", text).strip("-.")[:_MAX_TOKEN] or key
+        return value
+    if value is None or value is False:
+        return f"no-{key}"
+    if value is True:
+        return key
+    return f"{key}{value}"
 
 
-def _leaves(value: Any) -> list[str]:
-    """The scalar values inside a mapping or list, in order."""
-    if isinstance(value, dict):
-        return [leaf for v in value.values() for leaf in _leaves(v)]
-    if isinstance(value, list):
-        return [leaf for v in value for leaf in _leaves(v)]
-    return [str(value)]
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """{dotted sub-path: scalar} of a mapping or list."""
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    flat: dict[str, Any] = {}
+    for k, v in items:
+        path = f"{prefix}{k}"
+        if isinstance(v, dict | list):
+            flat |= _flatten(v, path + ".")
+        else:
+            flat[path] = v
+    return flat
 
 
 def set_path(data: dict[str, Any], path: str, value: Any, defaults: dict[str, Any]) -> None:

@@ -37,9 +37,26 @@ def test_the_product_in_order_with_unique_safe_names(tmp_path):
     }
     assert variants[1].values["speculative"] == {"method": "ngram"}  # the last axis is fastest
     names = [v.name for v in variants]
-    assert names[:2] == ["rtn_group_size32_no-speculative", "rtn_group_size32_speculative-ngram"]
+    assert names[:2] == ["rtn_group_size32_no-speculative", "rtn_group_size32_ngram"]
     assert len(set(names)) == len(names)
     assert all(n.replace("_", "").replace("-", "").replace(".", "").isalnum() for n in names)
+
+
+def test_names_show_what_differs(tmp_path):
+    axes = _axes(
+        tmp_path,
+        """
+axes:
+  calibration: [{dataset: calib.txt, samples: 8}]   # one value: not in the names
+  quantize.0:
+    - {method: rtn, bits: 4, group_size: 32}
+    - {method: gptq, bits: 4, group_size: 32}
+    - {method: gptq, bits: 8, group_size: 32}
+  export.max_seq_len: [128]
+ood_text: o.txt
+""",
+    )
+    assert [v.name for v in expand(axes)] == ["rtn-bits4", "gptq-bits4", "gptq-bits8"]
 
 
 def test_colliding_names_get_a_suffix(tmp_path):
@@ -57,7 +74,7 @@ def test_a_listed_subset_instead_of_the_product(tmp_path):
 """,
     )
     assert [v.name for v in expand(axes)] == [
-        "gptq_group_size128_speculative-ngram",
+        "gptq_group_size128_ngram",
         "rtn_group_size32_no-speculative",
     ]
     assert axes.speed.rounds == 3 and axes.ood_text == "other.txt"

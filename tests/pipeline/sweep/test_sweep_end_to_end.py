@@ -74,9 +74,9 @@ def test_results_rows_and_the_invalid_variant(sweep):
     assert (out / "sweep.md").is_file() and (out / "pareto.png").stat().st_size > 10_000
     rows = _rows(sweep)
     assert list(rows) == [
-        "quantize",
-        "quantize-rtn-4-32-True-lm_head",
-        "quantize-rtn-4-128-True-lm_head",
+        "no-quantize",
+        "group_size32",
+        "group_size128",
     ]
     float_, int4, invalid = rows.values()
     assert all(set(row) == FIELDS for row in rows.values())
@@ -90,8 +90,8 @@ def test_results_rows_and_the_invalid_variant(sweep):
     assert float_["kl"] < 1e-6 < 1e-3 < int4["kl"]  # an exact fp32 engine vs int4
     assert float_["artifact_bytes"] > int4["artifact_bytes"]
     markdown = (out / "sweep.md").read_text()
-    assert "| * | `quantize-rtn-4-32-True-lm_head` |" in markdown
-    assert "- `quantize-rtn-4-128-True-lm_head`: quantize.0.group_size: 128" in markdown
+    assert "| * | `group_size32` |" in markdown
+    assert "- `group_size128`: quantize.0.group_size: 128" in markdown
 
 
 def test_pareto_flags_match_the_brute_force_check(sweep):
@@ -112,7 +112,7 @@ def test_every_builds_eval_report_carries_the_kl(sweep):
 
 
 def test_the_picked_recipe_builds_the_measured_artifact(sweep):
-    chosen = _rows(sweep)["quantize-rtn-4-32-True-lm_head"]  # the smallest under kl<=1
+    chosen = _rows(sweep)["group_size32"]  # the smallest under kl<=1
     picked = sweep / "out" / "picked.yaml"
     assert picked.read_bytes() == (sweep / "out" / chosen["recipe"]).read_bytes()
     args = ["build", "--recipe", str(picked), "--out", str(sweep / "again")]
