@@ -3,7 +3,9 @@ mark the Pareto front, and optionally pick one (`--pick`, `--maximize` / `--mini
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -19,6 +21,13 @@ def register(main: click.Group) -> None:
         "--executor", default="local", show_default=True, help="Where builds run: local, ray."
     )
     @click.option(
+        "--executor-option",
+        "executor_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="An option of the executor (local: jobs=2; ray: address=HOST:6379), repeatable.",
+    )
+    @click.option(
         "--cache-dir", type=click.Path(file_okay=False), help="Stage cache (~/.cache/ingot)."
     )
     @click.option("--pick", "pick_text", help='Constraints, e.g. "kl<=0.02,artifact_bytes<=1GiB".')
@@ -29,6 +38,7 @@ def register(main: click.Group) -> None:
         axes_path: str | None,
         out: str,
         executor: str,
+        executor_options: tuple[str, ...],
         cache_dir: str | None,
         pick_text: str | None,
         maximize: str | None,
@@ -61,6 +71,7 @@ def register(main: click.Group) -> None:
                 out_dir,
                 executor,
                 Path(cache_dir) if cache_dir else None,
+                _options(executor_options),
             )
             rows = run_sweep(settings, log=lambda line: click.echo(line, err=True))
             for row in rows:
@@ -70,6 +81,21 @@ def register(main: click.Group) -> None:
             rows, _ = read_sweep(out_dir)
             chosen = pick(rows, constraints, objective)
             click.echo(f"picked    {chosen.name} -> {write_picked(out_dir, chosen)}")
+
+
+def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """KEY=VALUE pairs, each value a JSON scalar if it reads as one (jobs=2 is the integer 2),
+    else a string (address=head:6379)."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--executor-option")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
 
 
 def _line(row) -> str:

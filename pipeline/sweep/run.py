@@ -9,7 +9,7 @@ and memory), and compared: DIR/sweep.json, sweep.md, pareto.png.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ class SweepSettings:
     out: Path  # DIR
     executor: str = "local"  # an EXECUTORS name
     cache_root: Path | None = None  # the shared stage cache (the build's default)
+    executor_options: dict[str, Any] = field(default_factory=dict)  # local's jobs, ray's address
 
 
 def run_sweep(settings: SweepSettings, log: Callable[[str], None] = print) -> list[Row]:
@@ -48,6 +49,9 @@ def run_sweep(settings: SweepSettings, log: Callable[[str], None] = print) -> li
     fails is a row with its `error`."""
     out = settings.out
     require_matplotlib()
+    executor = make_executor(
+        settings.executor, **settings.executor_options
+    )  # a bad option fails first
     axes = load_axes(settings.axes)
     spec = base_recipe(settings.recipe).evaluate.perplexity
     ood = load_eval_text(
@@ -68,7 +72,7 @@ def run_sweep(settings: SweepSettings, log: Callable[[str], None] = print) -> li
         if v.error is None
     ]
     log(f"building {len(jobs)} variants ({settings.executor} executor, cache {cache_root})")
-    outcomes = {o.name: o for o in make_executor(settings.executor).run(jobs)}
+    outcomes = {o.name: o for o in executor.run(jobs)}
     quality, unmeasured = _quality(variants, outcomes, windows, log)
     built = {name: outcomes[name].artifact for name in quality}
     log(f"timing {len(built)} artifacts")

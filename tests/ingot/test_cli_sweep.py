@@ -80,6 +80,14 @@ def test_usage_errors(tmp_path, args, message):
     assert result.exit_code == 2 and message in result.output
 
 
+def test_executor_options_reach_the_executor(tmp_path):
+    base = ["sweep", "--recipe", "r.yaml", "--axes", "a.yaml", "--out", str(tmp_path)]
+    result = _invoke(*base, "--executor-option", "jobs=0")
+    assert result.exit_code == 1 and "jobs must be an integer >= 1, not 0" in result.output
+    result = _invoke(*base, "--executor-option", "jobs")
+    assert result.exit_code == 2 and "'jobs' is not KEY=VALUE" in result.output
+
+
 def test_bad_input_fails_in_one_line_before_any_build(tmp_path):
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "ckpt")  # no evaluate section
     (tmp_path / "axes.yaml").write_text("axes: {quantize.0.bits: [4, 8]}\nood_text: o.txt\n")
