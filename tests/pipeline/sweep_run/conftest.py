@@ -3,7 +3,9 @@ artifact built from them (each test builds into its own stage cache unless it sh
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -40,9 +42,12 @@ def sweep_artifact(tmp_path_factory, sweep_recipes) -> Path:
 @pytest.fixture(scope="session")
 def local_outcomes(tmp_path_factory, sweep_recipes):
     """The three variants built by the local executor, two at a time, into one shared cache
-    (the Ray test compares its artifacts with these)."""
+    (the Ray test compares its artifacts with these). One torch thread, as a Ray task with one
+    CPU gets (Ray sets OMP_NUM_THREADS): the engine check's float error, which the artifact
+    records, depends on torch's thread count."""
     from ingot.pipeline.sweep.executor import BuildJob, make_executor
 
     root = tmp_path_factory.mktemp("sweep-local")
     jobs = [BuildJob(n, sweep_recipes[n], root / n, root / "cache") for n in ("g32", "bad", "g64")]
-    return make_executor("local", jobs=2).run(jobs)
+    with mock.patch.dict(os.environ, {"OMP_NUM_THREADS": "1"}):  # the build processes inherit it
+        return make_executor("local", jobs=2).run(jobs)
