@@ -16,7 +16,9 @@ _MIB = 2**20
 def render_sweep(rows: list[Row], about: dict[str, Any]) -> str:
     speed, load = about["speed"], about["speed"].get("load", {})
     axes = "; ".join(f"`{k}` in {v}" for k, v in about["axes_values"].items())
-    host = "quiet" if load.get("quiet") else "LOADED (speed figures are not comparable)"
+    host = "quiet" if load.get("quiet") else f"LOADED: {load.get('loaded')}"
+    if "error" in load:
+        host = f"not measured: {load['error']}"
     lines = [
         f"# Sweep of `{about['recipe']}`",
         "",

@@ -76,7 +76,7 @@ def run_sweep(settings: SweepSettings, log: Callable[[str], None] = print) -> li
     quality, unmeasured = _quality(variants, outcomes, windows, log)
     built = {name: outcomes[name].artifact for name in quality}
     log(f"timing {len(built)} artifacts")
-    speed = measure_speed(built, **axes.speed.model_dump()) if built else SpeedReport({}, {})
+    speed = _speed(built, axes)
     rows = [_row(v, out, outcomes.get(v.name), quality.get(v.name), speed) for v in variants]
     for row in rows:
         row.error = row.error or unmeasured.get(row.name)
@@ -129,11 +129,22 @@ def _row(
         row.perplexity_ood, row.artifact_bytes = quality.perplexity_ood, quality.artifact_bytes
         timed = speed.results.get(v.name)
         if timed is None:
-            row.error = "speed: not measured"
+            row.error = f"speed: not measured ({speed.load.get('error', 'no result')})"
         else:
             row.tok_s_batch1, row.tok_s_batch32 = timed.tok_s_batch1, timed.tok_s_batch32
             row.ttft_ms_p50 = timed.ttft_ms_p50
     return row
+
+
+def _speed(built: dict[str, Path], axes: Axes) -> SpeedReport:
+    """measure_speed over the built variants; when it fails (a worker, or a loaded host with
+    refuse_loaded), the report of no results says why, and the rest is still written."""
+    if not built:
+        return SpeedReport({}, {"error": "nothing built"})
+    try:
+        return measure_speed(built, **axes.speed.model_dump())
+    except IngotError as e:
+        return SpeedReport({}, {"quiet": False, "error": one_line(e)})
 
 
 def _about(settings: SweepSettings, axes: Axes, eval_text: str, speed: SpeedReport) -> dict:

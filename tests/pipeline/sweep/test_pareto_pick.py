@@ -139,3 +139,17 @@ def test_picked_yaml_is_the_variants_recipe_and_re_picking_reads_sweep_json(tmp_
     assert write_picked(tmp_path, chosen).read_text() == "# recipe b\n"
     with pytest.raises(SweepError, match="no such file: run the sweep first"):
         read_sweep(tmp_path / "nothing")
+
+
+def test_a_failed_speed_measurement_is_each_rows_reason(monkeypatch, tmp_path):
+    from ingot.pipeline.sweep import run
+    from ingot.pipeline.sweep.axes import Axes
+    from ingot.pipeline.sweep.speed import SpeedError
+
+    def refuse(artifacts, **settings):
+        raise SpeedError("speed measurement refused: load 3.1 over 2 threads")
+
+    monkeypatch.setattr(run, "measure_speed", refuse)
+    report = run._speed({"a": tmp_path}, Axes.model_validate({"axes": {"a": [1]}, "ood_text": "o"}))
+    assert report.results == {} and report.load["quiet"] is False
+    assert report.load["error"] == "speed measurement refused: load 3.1 over 2 threads"
