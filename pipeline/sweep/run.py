@@ -49,9 +49,8 @@ def run_sweep(settings: SweepSettings, log: Callable[[str], None] = print) -> li
     fails is a row with its `error`."""
     out = settings.out
     require_matplotlib()
-    executor = make_executor(
-        settings.executor, **settings.executor_options
-    )  # a bad option fails first
+    # The executor first: a bad --executor-option fails before anything is read or written.
+    executor = make_executor(settings.executor, **settings.executor_options)
     axes = load_axes(settings.axes)
     spec = base_recipe(settings.recipe).evaluate.perplexity
     ood = load_eval_text(
