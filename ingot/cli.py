@@ -264,3 +264,6 @@ _register_registry(main)
 from ingot.cli_plan import register as _register_plan  # noqa: E402
 
 _register_plan(main)
+from ingot.cli_sweep import register as _register_sweep  # noqa: E402
+
+_register_sweep(main)

@@ -4,6 +4,9 @@
     <root>/stages/<stage>/.tmp-<key>-<pid>  work in progress; renamed into place on success
     <root>/stages/<stage>/.work-<key>/      a resumable stage's checkpoints; they survive a crash
                                             (same key: same work) and go once the entry exists
+    <root>/locks/<stage>-<key>              held (flock) while one build looks up or computes
+                                            the entry (empty files, kept: removing one a
+                                            waiter has open would let a third build in)
 
 A failed or interrupted stage leaves only a temp directory behind, never a half-written entry,
 so the cache and earlier artifacts stay intact.
@@ -13,17 +16,26 @@ re-hashes the entry (which the build needs anyway, for the stages downstream): o
 longer matches its record (a file edited in place) is discarded and rebuilt, never served. The
 package stage copies an entry's files without hashing them again: their digests are the ones
 this build verified.
+
+Builds may share one cache at once (the sweep's variants): `get_or_put` holds an exclusive
+lock on the key while it looks the entry up and, on a miss, produces it, so a second build
+needing the same stage waits for the first and is served its entry instead of computing the
+stage again (and the resumable stages' work directories have one writer). The lock is
+`fcntl.flock` on a file of its own under locks/: released by the kernel when its holder dies,
+and honoured by the other hosts of a cache on NFS (Linux emulates it with POSIX locks there).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +140,26 @@ class StageCache:
         work = self.path(stage, key).with_name(f".work-{key}")
         work.mkdir(parents=True, exist_ok=True)
         return work
+
+    @contextmanager
+    def locked(self, stage: str, key: str) -> Iterator[None]:
+        """Hold the key's lock (exclusive, across processes) for the block."""
+        lock = self.root / "locks" / f"{stage}-{key}"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+            yield
+
+    def get_or_put(
+        self, stage: str, key: str, produce: Callable[..., None], *, resumable: bool = False
+    ) -> tuple[Path, bool]:
+        """(the entry, whether it was already there): `get`, else `put`, under the key's lock
+        (module docstring), so concurrent builds compute each entry once."""
+        with self.locked(stage, key):
+            hit = self.get(stage, key)
+            if hit is not None:
+                return hit, True
+            return self.put(stage, key, produce, resumable=resumable), False
 
     def put(
         self, stage: str, key: str, produce: Callable[..., None], *, resumable: bool = False

@@ -151,22 +151,11 @@ def load_ingot(
 
 def generator_runner(generator: Any) -> Runner:
     """The Trace protocol over an ingot Generator (whatever engine runs under it): all prompts
-    added at once, greedy, each token's time as the step that made it returned."""
-    from ingot.runtime import SamplingParams
+    added at once, greedy, each token's time as the step that made it returned (the runtime's
+    `timed_greedy`, which the sweep's speed runs use too)."""
+    from ingot.runtime.timed import timed_greedy
 
-    def run(prompts: list[list[int]], n: int) -> Trace:
-        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-        start = time.perf_counter()
-        ids = [generator.add(p, params) for p in prompts]
-        times: dict[int, list[float]] = {i: [] for i in ids}
-        while generator.has_unfinished():
-            outputs = generator.step()
-            now = time.perf_counter()
-            for out in outputs:
-                times[out.request_id].append(now)
-        return start, [(list(generator.pop_completion(i).token_ids), times[i]) for i in ids]
-
-    return run
+    return lambda prompts, n: timed_greedy(generator, prompts, n)
 
 
 def load_ortgenai(model_dir: str, **_: Any) -> Runner:

@@ -1,7 +1,8 @@
 """The quiet-host rule: sample the host's load around a benchmark, record it in the report, and
 refuse a run whose load exceeded its thread count.
 
-A run beside other jobs has measured up to 2x off on a 2-core host. Every benchmark keeps a
+The rule itself, `LoadWatch`, is ingot's (ingot.common.host_load: `ingot sweep` times its
+variants under it too); it is re-exported here. Every benchmark keeps a
 `LoadWatch` of its thread count, samples it between cases (or every few seconds while a long
 case runs: `sampling`), puts `record()` in its report and `refusal()` under "refused"; the
 report writer (report.py) then marks the report REFUSED and the benchmark exits 1. A benchmark
@@ -14,70 +15,16 @@ refuses (`timed=False`). Finer tools for noisier settings: `wait_idle` before a 
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
+
+from ingot.common.host_load import LoadWatch
 
 __all__ = ["LoadWatch", "OtherWork", "SettledWatch", "load_line", "wait_idle"]
 
 Result = TypeVar("Result")
 _KERNEL_UPDATE_S = 5  # the kernel recomputes the load average every 5 s
-
-
-class LoadWatch:
-    """The host's 1-minute load average sampled around a benchmark, and the verdict on it.
-
-    `refusal()` says why a run's numbers are not valid, or None. Call `sample()` between cases;
-    the highest sample decides. The benchmark's own threads keep the load near their count
-    (the 1-minute average decays slowly after each case), so one more runnable process is
-    allowed: other work shows above `threads + 1`. An untimed benchmark's watch (`timed`
-    False) records the load but never refuses.
-    """
-
-    def __init__(self, threads: int, timed: bool = True) -> None:
-        self.threads, self.timed = threads, timed
-        self.samples: list[float] = []
-        self.sample()
-
-    def sample(self) -> float:
-        load = os.getloadavg()[0]
-        self.samples.append(load)
-        return load
-
-    def refusal(self) -> str | None:
-        """None for a quiet run (or an untimed one), else the reason its numbers are not
-        valid."""
-        self.sample()
-        worst = max(self.samples)
-        if not self.timed or worst <= self.threads + 1:
-            return None
-        return (
-            f"host 1-min load reached {worst:.1f} with {self.threads} benchmark threads: other "
-            "work competed for the CPU, so the numbers are not valid (rerun on a quiet host)"
-        )
-
-    def record(self) -> dict[str, Any]:
-        return {"threads": self.threads, "load_1min_samples": [round(v, 2) for v in self.samples]}
-
-    @contextmanager
-    def sampling(self, every_s: float) -> Iterator[None]:
-        """Sample every `every_s` seconds while the block runs: other work that starts during
-        a long case is caught, not only work still running between cases."""
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.wait(every_s):
-                self.sample()
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        try:
-            yield
-        finally:
-            done.set()
-            sampler.join()
 
 
 class SettledWatch:

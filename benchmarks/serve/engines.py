@@ -64,19 +64,13 @@ def _ingot_generator(spec: dict):
 
 
 def _ingot_run(generator, prompts: list[list[int]], n: int) -> list[RequestTiming]:
-    from ingot.runtime import SamplingParams
+    from ingot.runtime.timed import timed_greedy
 
-    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    start = time.perf_counter()
-    timings = {generator.add(p, params): RequestTiming(len(p), start, [], n) for p in prompts}
-    while generator.has_unfinished():
-        outputs = generator.step()
-        now = time.perf_counter()
-        for out in outputs:
-            timings[out.request_id].token_times.append(now)
-            if out.finished:
-                generator.pop_completion(out.request_id)
-    return list(timings.values())
+    start, sequences = timed_greedy(generator, prompts, n)
+    return [
+        RequestTiming(len(p), start, times, n)
+        for p, (_, times) in zip(prompts, sequences, strict=True)
+    ]
 
 
 def transformers_static(spec: dict) -> Run:

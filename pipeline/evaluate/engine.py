@@ -14,6 +14,7 @@ float64.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,9 +27,14 @@ __all__ = ["engine_perplexity"]
 _ROWS_PER_CHUNK = 64  # rows of logits converted to float64 at a time (large vocabularies)
 
 
-def engine_perplexity(engine: EngineFiles, windows: np.ndarray) -> float:
+def engine_perplexity(
+    engine: EngineFiles,
+    windows: np.ndarray,
+    on_logits: Callable[[int, np.ndarray], None] | None = None,
+) -> float:
     """exp(mean next-token NLL) of ``engine`` over ``windows`` [W, L] int64, each window one
-    call (the same windows and the same L - 1 predictions per window as `perplexity`)."""
+    call (the same windows and the same L - 1 predictions per window as `perplexity`).
+    ``on_logits(index, logits)`` sees each window's logits [1, L, V] (`perplexity`'s shape)."""
     windows = np.asarray(windows, dtype=np.int64)
     count, length = windows.shape
     block = engine.kv_layout().block_size
@@ -37,13 +43,15 @@ def engine_perplexity(engine: EngineFiles, windows: np.ndarray) -> float:
     del opened
     total = 0.0  # float64: thousands of windows would lose digits in fp32
     try:
-        for ids in windows:
+        for index, ids in enumerate(windows):
             table = BlockTable(pool.allocator, block)
             table.reserve(length)
             batch = build_inputs([(table, ids.tolist(), 0)], scratch_block=session.scratch_block)
             batch.logits_indices = np.arange(length, dtype=np.int64)  # every row, not the last
             logits, _ = session.run(batch)  # [L, V]
             total += _nll(logits[:-1], ids[1:])
+            if on_logits is not None:
+                on_logits(index, logits[None])
             table.release()
     finally:
         del session

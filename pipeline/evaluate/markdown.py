@@ -24,13 +24,17 @@ def _perplexity_markdown(ppl: dict[str, Any], engine_label: str) -> list[str]:
         f"Perplexity on `{ppl['dataset']}` ({ppl['windows']} windows of {ppl['seq_len']} "
         f"tokens, {ppl['tokens_scored']} tokens scored; text {ppl['dataset_sha256']}).",
         "",
-        "| model | perplexity | delta vs original |",
-        "|---|---:|---:|",
-        f"| original (float, PyTorch) | {ppl['original']:.4f} | |",
+        "| model | perplexity | delta vs original | mean KL to original (nats/token) |",
+        "|---|---:|---:|---:|",
+        f"| original (float, PyTorch) | {ppl['original']:.4f} | | |",
         f"| quantized IR (PyTorch) | {ppl['quantized']:.4f} | "
-        f"{_delta(ppl['delta'], ppl['relative_delta'])} |",
+        f"{_delta(ppl['delta'], ppl['relative_delta'])} | {ppl['kl']:.3g} |",
         f"| engine `{ppl['engine_name']}` ({engine_label}) | {ppl['engine']:.4f} | "
-        f"{_delta(ppl['engine_delta'], ppl['engine_relative_delta'])} |",
+        f"{_delta(ppl['engine_delta'], ppl['engine_relative_delta'])} | "
+        f"{ppl['engine_kl']:.3g} |",
+        "",
+        "KL: KL(original || model) of the next-token distributions, averaged over the "
+        "scored tokens.",
         "",
         "The gate (`evaluate.perplexity.max_delta`) judges the engine's delta: the engine is "
         "what the artifact serves.",

@@ -8,8 +8,10 @@ not see each other (no sliding context), which makes each number reproducible on
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 from torch import nn
@@ -38,12 +40,22 @@ def token_windows(ids: list[int], seq_len: int, max_windows: int | None = None) 
 
 
 @torch.inference_mode()
-def perplexity(model: nn.Module, windows: torch.Tensor, batch_size: int = 8) -> float:
-    """exp(mean next-token NLL) of `model` (forward(ids) -> (logits, ...)) over `windows`."""
+def perplexity(
+    model: nn.Module,
+    windows: torch.Tensor,
+    batch_size: int = 8,
+    on_logits: Callable[[int, np.ndarray], None] | None = None,
+) -> float:
+    """exp(mean next-token NLL) of `model` (forward(ids) -> (logits, ...)) over `windows`.
+    ``on_logits(start, logits)`` sees each batch's float32 logits [B, L, V] of windows
+    start..start + B (the original's kept, a model's scored against them: reference.py)."""
     total = 0.0  # summed in float64: thousands of windows would lose digits in fp32
     scored = 0
-    for batch in windows.split(batch_size):  # batch: [B, L]
+    for start in range(0, len(windows), batch_size):
+        batch = windows[start : start + batch_size]  # [B, L]
         logits = model(batch)[0]  # [B, L, V]
+        if on_logits is not None:
+            on_logits(start, logits.float().numpy())
         targets = batch[:, 1:]  # [B, L - 1]
         nll = nn.functional.cross_entropy(
             logits[:, :-1].float().reshape(-1, logits.shape[-1]),

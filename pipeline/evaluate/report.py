@@ -5,8 +5,11 @@ in torch, and the engine that ships (the artifact's first engine, run as the run
 int8 activations included where it computes with them; report.md says how it computes as its
 engine plug-in describes it). ``delta`` is the quantized IR's against the original,
 ``engine_delta`` the engine's; the gate judges the engine's, since that is what the artifact
-serves. The `speculative` block (mean accepted length) is speculative.py's; report.md gets a
-section per block (markdown.py).
+serves. ``kl`` and ``engine_kl``: the IR's and the engine's mean per-token KL divergence from
+the original's next-token distribution (kl.py), on the same predictions: how far quantization
+moved the whole distribution, not only the observed token's probability. The `speculative`
+block (mean accepted length) is speculative.py's; report.md gets a section per block
+(markdown.py).
 """
 
 from __future__ import annotations
@@ -33,9 +36,13 @@ def perplexity_report(
     original: float,
     quantized: float,
     engine: float,
+    kl: float,
+    engine_kl: float,
     engine_name: str,
     matmul_accuracy_level: int,
 ) -> dict[str, Any]:
+    """The `perplexity` block; ``kl`` and ``engine_kl`` are the quantized IR's and the
+    engine's mean per-token KL(original || model) in nats, on the same predictions."""
     original, quantized, engine = (round(v, _DIGITS) for v in (original, quantized, engine))
     return {
         "dataset": dataset,
@@ -50,9 +57,16 @@ def perplexity_report(
         "engine": engine,
         "engine_delta": round(engine - original, _DIGITS),
         "engine_relative_delta": round((engine - original) / original, _DIGITS),
+        "kl": _significant(kl),
+        "engine_kl": _significant(engine_kl),
         "engine_name": engine_name,
         "engine_matmul_accuracy_level": matmul_accuracy_level,
     }
+
+
+def _significant(value: float) -> float:
+    """KL to _DIGITS significant digits: an exact engine's is ~1e-9, not 0.0 at 6 decimals."""
+    return float(f"{value:.{_DIGITS}g}")
 
 
 def perplexity_summary(report: dict[str, Any], max_delta: float | None) -> dict[str, Any]:

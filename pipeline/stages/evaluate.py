@@ -1,5 +1,6 @@
 """Stage: perplexity of the original model, the quantized IR and the engine that ships, on the
-same token windows; and the mean accepted length of the recipe's speculative decoding.
+same token windows, and the IR's and the engine's mean per-token KL to the original; and the
+mean accepted length of the recipe's speculative decoding.
 
 The original and the IR are scored in torch; the engine (the artifact's first target, the
 engine stage's output) as the runtime runs it (`evaluate/engine.py`), so an engine that
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,6 +31,7 @@ from ..engines import ENGINE_BUILDERS
 from ..evaluate.engine import engine_perplexity
 from ..evaluate.markdown import render_markdown
 from ..evaluate.perplexity import perplexity
+from ..evaluate.reference import KLMeter, ReferenceLogits
 from ..evaluate.report import check_perplexity_gate, perplexity_report, perplexity_summary
 from ..evaluate.speculative import (
     SpeculativePrompts,
@@ -190,7 +193,7 @@ def run_evaluate(
     engine = measured.engine
     report = {}
     if windows is not None:
-        report["perplexity"] = _perplexity(measured.source, measured.ir, engine, windows)
+        report["perplexity"] = _perplexity(out, measured.source, measured.ir, engine, windows)
     if speculative is not None:
         cfg = measured.cfg
         report["speculative"] = measure_speculation(
@@ -229,27 +232,40 @@ def judge_gates(output: EvaluateOutput | None, inputs: BuildInputs) -> dict[str,
     return fields
 
 
-def _perplexity(source_path: Path, ir_dir: Path, engine: EngineFiles, evaluation: EvalWindows):
+def _perplexity(
+    out: Path, source_path: Path, ir_dir: Path, engine: EngineFiles, evaluation: EvalWindows
+):
     windows, spec = evaluation.windows, evaluation.spec
-    # One model in memory at a time: evaluation must not double the build's peak.
-    model = load_model(source_path)
-    original = perplexity(model, windows)
-    del model
-    gc.collect()
-    model = load_ir(ir_dir)
-    quantized = perplexity(model, windows)
-    del model
-    gc.collect()
-    engine_ppl = engine_perplexity(engine, windows.numpy())
-    gc.collect()
+    count, length = windows.shape
+    # The original's logits go to disk (evaluate/reference.py), for the IR's and the engine's
+    # mean KL to them; the scratch directory is gone before the stage's output is stored.
+    with tempfile.TemporaryDirectory(prefix="reference-", dir=out) as scratch:
+        # One model in memory at a time: evaluation must not double the build's peak.
+        model = load_model(source_path)
+        vocab = model.cfg.vocab_size
+        reference = ReferenceLogits(Path(scratch) / "logits.npy", count, length, vocab)
+        original = perplexity(model, windows, on_logits=reference.write)
+        del model
+        gc.collect()
+        model = load_ir(ir_dir)
+        quantized_kl = KLMeter(reference)
+        quantized = perplexity(model, windows, on_logits=quantized_kl.add)
+        del model
+        gc.collect()
+        engine_kl = KLMeter(reference)
+        engine_ppl = engine_perplexity(engine, windows.numpy(), on_logits=engine_kl.add)
+        del reference
+        gc.collect()
     return perplexity_report(
         dataset=spec.dataset,
         dataset_sha256=evaluation.digest,
         seq_len=spec.seq_len,
-        windows=int(windows.shape[0]),
+        windows=int(count),
         original=original,
         quantized=quantized,
         engine=engine_ppl,
+        kl=quantized_kl.mean(),
+        engine_kl=engine_kl.mean(),
         engine_name=engine.engine.name,
         # The report's field since ONNX Runtime was the only engine (None for an engine
         # without MatMulNBits levels); report.md describes the engine through its plug-in.

@@ -3,8 +3,9 @@ their outputs, timings and file digests for the steps after them.
 
 Each stage's key is `stage_key(stage.kind, stage.key_slice, its inputs' digests, versions)`;
 a hit is served from the cache (re-hashed: `StageCache.get`), a miss is produced into it
-(`StageCache.put`). Each run is recorded as a `StageRun` (time, peak RSS) and reported through
-`on_stage(name, "start" | "cached" | "done")`.
+(`StageCache.put`), both under the key's lock (`StageCache.get_or_put`: builds sharing the
+cache compute each stage once). Each run is recorded as a `StageRun` (time, peak RSS) and
+reported through `on_stage(name, "start" | "cached" | "done")`.
 """
 
 from __future__ import annotations
@@ -85,13 +86,12 @@ class Walk:
         self.report(stage.name, "start")
         self._peak.start()
         started = time.perf_counter()
-        hit = self.cache.get(stage.kind, key)
-        path = hit or self.cache.put(stage.kind, key, produce, resumable=stage.resumable)
+        path, hit = self.cache.get_or_put(stage.kind, key, produce, resumable=stage.resumable)
         output = stage.output(path, self.cache.digest(path))
         self.known_digests.update(self.cache.file_digests(path))
         self.outputs[stage.name] = output
         seconds = time.perf_counter() - started
-        run = StageRun(stage.name, key, hit is not None, seconds, output.digest, self._peak.peak())
+        run = StageRun(stage.name, key, hit, seconds, output.digest, self._peak.peak())
         self.runs.append(run)
         self.report(stage.name, "cached" if hit else "done")
 

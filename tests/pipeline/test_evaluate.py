@@ -95,6 +95,8 @@ def _report(original: float, quantized: float, engine: float | None = None) -> d
         original=original,
         quantized=quantized,
         engine=quantized if engine is None else engine,
+        kl=0.0125,
+        engine_kl=0.0131,
         engine_name="onnxruntime-cpu",
         matmul_accuracy_level=4,
     )
@@ -122,11 +124,11 @@ def test_the_gate_judges_the_engine_that_ships():
 def test_markdown_report():
     label = "MatMulNBits accuracy level 4, int8 activations"  # the engine's (`describe`)
     text = render_markdown(_report(10.0, 10.5, 10.6), label)
-    assert "| original (float, PyTorch) | 10.0000 | |" in text
-    assert "| quantized IR (PyTorch) | 10.5000 | +0.5000 (+5.00%) |" in text
+    assert "| original (float, PyTorch) | 10.0000 | | |" in text
+    assert "| quantized IR (PyTorch) | 10.5000 | +0.5000 (+5.00%) | 0.0125 |" in text
     assert (
         "| engine `onnxruntime-cpu` (MatMulNBits accuracy level 4, int8 activations) "
-        "| 10.6000 | +0.6000 (+6.00%) |"
+        "| 10.6000 | +0.6000 (+6.00%) | 0.0131 |"
     ) in text
 
 
