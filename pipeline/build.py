@@ -75,7 +75,8 @@ def tool_versions() -> dict[str, str]:
 
 
 def _source_digest_of_build_code() -> str:
-    return code_digest("ingot.pipeline", "ingot.calibration", "ingot.artifacts")
+    # The sweep runs builds and computes no stage: editing it must not re-key every stage.
+    return code_digest("ingot.pipeline", "ingot.calibration", "ingot.artifacts", exclude=("sweep",))
 
 
 def _require_resources(inputs: BuildInputs, cache: StageCache, out_dir: Path) -> None:

@@ -69,10 +69,12 @@ def directory_digest(root: Path) -> tuple[str, dict[str, str]]:
     return "sha256:" + hashlib.sha256(blob).hexdigest(), files
 
 
-def code_digest(*packages: str) -> str:
+def code_digest(*packages: str, exclude: tuple[str, ...] = ()) -> str:
     """sha256 (hex) over the source of the named packages: each one's every ``.py``, sorted by
-    path, as its path relative to the package and its bytes. A stage key's input for code
-    whose version number does not change with its source (an editable install)."""
+    path, as its path relative to the package and its bytes, but for the subpackages under
+    ``exclude`` (directories relative to a package's root: code that computes no stage). A
+    stage key's input for code whose version number does not change with its source (an
+    editable install)."""
     digest = hashlib.sha256()
     for name in packages:
         spec = importlib.util.find_spec(name)
@@ -80,6 +82,8 @@ def code_digest(*packages: str) -> str:
             raise ValueError(f"code_digest: no package {name}")
         root = Path(spec.origin).parent
         for file in sorted(root.rglob("*.py")):
+            if file.relative_to(root).parts[0] in exclude:
+                continue
             digest.update(file.relative_to(root).as_posix().encode())
             digest.update(file.read_bytes())
     return digest.hexdigest()
