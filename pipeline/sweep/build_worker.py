@@ -4,8 +4,12 @@ The parent calls `run_build(job)`: it starts
 
     python -m ingot.pipeline.sweep.build_worker JOB.json RESULT.json
 
-waits for it with `os.wait4` (the child's own rusage: ru_maxrss, KiB on Linux, is its peak
-resident set) and turns RESULT.json into a `BuildOutcome`. The child runs
+waits for it and turns RESULT.json into a `BuildOutcome`. The peak memory is the child's own
+report, the largest of its stages' peaks (`StageRun.peak_rss_bytes`, the kernel's high-water
+mark per stage): not `os.wait4`'s ru_maxrss, which on Linux keeps the high-water mark of the
+memory the child was forked from, so a sweep process holding 500 MiB would read 500 MiB for
+every build below that. ru_maxrss stands in only for a child that died without a result (an
+upper bound then). The child runs
 `ingot.pipeline.build.build` against the shared stage cache and writes the artifact's path or
 the reason it failed: an IngotError's one line as it is, anything else with its type named
 (a bug, but still one failed variant, not a failed sweep). A child that dies without a result
@@ -51,11 +55,12 @@ def run_build(job: BuildJob) -> BuildOutcome:
             _, status, usage = os.wait4(child.pid, 0)
         child.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
         seconds = time.perf_counter() - started
-        peak = usage.ru_maxrss * 1024  # KiB on Linux
+        peak = usage.ru_maxrss * 1024  # KiB on Linux; includes the parent's RSS at the fork
         if result.exists():
             outcome = json.loads(result.read_text())
             artifact = outcome["artifact"]
             error = outcome["error"]
+            peak = outcome["peak_rss_bytes"] or peak
         else:
             artifact, error = None, _died(child.returncode, log)
     return BuildOutcome(job.name, Path(artifact) if artifact else None, seconds, peak, error)
@@ -73,11 +78,23 @@ def build_job(job: dict[str, str]) -> dict[str, Any]:
     try:
         result = build(job["recipe"], job["out"], cache=StageCache(Path(job["cache_root"])))
     except IngotError as e:
-        return {"artifact": None, "error": _one_line(str(e)), "stages": []}
+        return _failed(_one_line(str(e)))
     except Exception as e:  # a bug, reported as this variant's failure with its type
-        return {"artifact": None, "error": _one_line(f"{type(e).__name__}: {e}"), "stages": []}
+        return _failed(_one_line(f"{type(e).__name__}: {e}"))
     stages = [{"stage": s.stage, "cached": s.cached} for s in result.stages]
-    return {"artifact": str(result.artifact.resolve()), "error": None, "stages": stages}
+    # Each stage resets the high-water mark (stage_memory.py): the build's peak is the largest.
+    peaks = [s.peak_rss_bytes for s in result.stages if s.peak_rss_bytes is not None]
+    artifact = str(result.artifact.resolve())
+    return {
+        "artifact": artifact,
+        "error": None,
+        "stages": stages,
+        "peak_rss_bytes": max(peaks, default=None),
+    }
+
+
+def _failed(error: str) -> dict[str, Any]:
+    return {"artifact": None, "error": error, "stages": [], "peak_rss_bytes": None}
 
 
 def _one_line(text: str) -> str:

@@ -60,3 +60,19 @@ def test_a_failed_build_is_an_outcome_and_the_others_finish(local_outcomes):
     for outcome in local_outcomes:  # each process's own: more than an interpreter, under the RAM
         assert 20 << 20 < outcome.peak_build_bytes < 64 << 30
         assert 0 < outcome.build_s < 600
+
+
+def test_a_builds_peak_is_its_own_not_the_parents(tmp_path, sweep_recipes, local_outcomes):
+    """ru_maxrss of a child keeps the high-water mark of the memory it was forked from: a parent
+    holding more than a build needs must not read as every build's peak. Built from the shared
+    cache (its stages cached: the outcome's peak is the build's own, small)."""
+    import numpy as np
+
+    from ingot.pipeline.sweep.build_worker import run_build
+
+    own = local_outcomes[0].peak_build_bytes
+    held = np.ones((own + (512 << 20)) // 8)  # the parent now holds more than that build's peak
+    cache = local_outcomes[0].artifact.parent / "cache"
+    outcome = run_build(BuildJob("again", sweep_recipes["g32"], tmp_path / "again", cache))
+    assert outcome.error is None
+    assert outcome.peak_build_bytes < held.nbytes
