@@ -229,7 +229,7 @@ def _cost_notes(code: dict[str, Any]) -> list[str]:
         )
     notes.append(
         f"- A plain step costs {plain['ms_per_step']:.2f} ms at batch 1, most of it fixed "
-        "per call (the runtime around ONNX Runtime and the session call itself: "
+        "per call (the runtime around the engine and the engine's session call itself: "
         "benchmarks/results/decode.md), not weight reads. A step that verifies k + 1 "
         "tokens pays that fixed part once, so the gain is bounded by tokens per step; a "
         "draft model and an EAGLE draft add their own k calls per step, each with the same "
@@ -262,7 +262,8 @@ def _difference_notes(ingot: dict[str, Any]) -> list[str]:
         )
     notes += [
         "- = plain: greedy speculative decoding is exact in exact arithmetic, but the engine "
-        "rounds activations to int8 at run time (MatMulNBits accuracy level 4) and a call over "
+        "rounds activations to int8 at run time (ONNX Runtime's MatMulNBits accuracy level 4, "
+        "OpenVINO's dynamic quantization) and a call over "
         "k + 1 tokens per sequence (verification) or over many sequences does not run the "
         "arithmetic of a call over one token (other kernel paths, another summation order): a "
         "near-tie between the two best tokens can flip, and every later token then follows the "
