@@ -39,7 +39,7 @@ from benchmarks.decode.artifact import WORKER as BUILD_WORKER
 from benchmarks.decode.models import prepare_model
 from benchmarks.harness.launch import WorkerFailed, run_worker, worker_main
 from benchmarks.harness.load import LoadWatch
-from benchmarks.harness.machine import machine_info
+from benchmarks.harness.machine import machine_info, memory_status
 from benchmarks.harness.paths import RESULTS, data_dir, models_dir
 from benchmarks.harness.report import add_report_only, publish, rerender
 
@@ -99,17 +99,17 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         kv_cache_bytes=_one_sequence_bytes(manifest),
         max_num_seqs=1,
     )
-    out: dict[str, Any] = {"ok": True, "rss_loaded_bytes": _status("VmRSS")}
+    out: dict[str, Any] = {"ok": True, "rss_loaded_bytes": _rss()}
     give_back_freed_memory()
-    out["rss_loaded_trimmed_bytes"] = _status("VmRSS")
+    out["rss_loaded_trimmed_bytes"] = _rss()
     generator = loaded.generator()
     params = SamplingParams(max_tokens=spec["tokens"], temperature=0.0, ignore_eos=True)
     request = generator.add(spec["prompt"], params)
     while generator.has_unfinished():
         generator.step()
     out["generated"] = len(generator.pop_completion(request).token_ids)
-    out["rss_generated_bytes"] = _status("VmRSS")
-    out["peak_rss_bytes"] = _status("VmHWM")
+    out["rss_generated_bytes"] = _rss()
+    out["peak_rss_bytes"] = memory_status()["peak_rss_bytes"]
     engine = loaded.engine
     out["engine_name"] = engine.name
     out["weights_bytes"] = sum(f.size for f in manifest.files if f.path.startswith(engine.path))
@@ -143,11 +143,8 @@ def _one_sequence_bytes(manifest: Any) -> int:
     return m.max_seq_len * m.num_layers * 2 * m.num_kv_heads * m.head_dim * 4
 
 
-def _status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
+def _rss() -> int:
+    return memory_status()["rss_at_exit_bytes"]  # VmRSS: the current resident set
 
 
 # ----------------------------------------------------------------------------- the report
