@@ -324,7 +324,7 @@ class Bench:
                 loads[peer] = f"{peer}'s model build failed: {failed.get('error')}"
             else:
                 loads[peer] = {key: str(peer_dirs[peer]), "threads": self.args.threads}
-                loads[peer] |= {"kv_bytes_per_token": _kv_bytes_per_token(model, peer)}
+                loads[peer] |= {"kv_bytes_per_token": kv_bytes_per_token(model, peer)}
         missing = missing_peer(LLAMA_CPP, LLAMA_CPP_DISTRIBUTION, self.args.llama_cpp_python)
         if missing is not None:
             loads["llama.cpp"] = missing["error"]
@@ -466,7 +466,8 @@ class Bench:
         return result
 
 
-def _kv_bytes_per_token(model: BenchModel, engine: str) -> int:
+def kv_bytes_per_token(model: BenchModel, engine: str) -> int:
+    """KV bytes per token of `engine`'s cache (KV_BYTES per element) for `model`."""
     cfg = ModelConfig.from_dir(model.path)
     return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * KV_BYTES[engine]
 

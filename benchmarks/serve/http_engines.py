@@ -40,7 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.decode.models import prepare_model
+from benchmarks.decode.decode import kv_bytes_per_token
+from benchmarks.decode.models import BenchModel, prepare_model
 from benchmarks.decode.peers import OPENVINO_GENAI, export_openvino_genai
 from benchmarks.harness.launch import WorkerFailed, run_worker
 from benchmarks.harness.load import LoadWatch, SettledWatch
@@ -71,7 +72,6 @@ BLOCK_SIZE = 32  # OpenVINO's CPU plugin runs 32-token blocks; both engines shar
 PROMPT_LENS = (64, 256)
 DEFAULT_THREADS = 2
 WORKER_TIMEOUT_S = 900
-OVGENAI_KV_BYTES = 1  # u8 K and V per element (its default KV precision on this CPU)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +136,7 @@ def _systems(
         model, args.ovgenai_python, WORKER_TIMEOUT_S
     )
     if ov_dir is not None:
-        job = _ovgenai_job(args, ov_dir, prompts)
+        job = _ovgenai_job(model, ov_dir, prompts, args)
         # No prefix cache in the runner (prefill every prompt): both phases are one run.
         bursts[OVGENAI] = lambda: dict.fromkeys(PHASES, _worker(job, tmp, args.ovgenai_python))
     return bursts, builds
@@ -178,18 +178,14 @@ def _llama_server(args: argparse.Namespace, gguf: Path, tmp: Path) -> tuple[Serv
     return ServerProcess(command, tmp / "llama-server.log"), f"http://127.0.0.1:{port}"
 
 
-def _ovgenai_job(args: argparse.Namespace, model_dir: Path, prompts: list[list[int]]) -> dict:
-    from ingot.pipeline.model.config import ModelConfig  # the build side, only to size its KV
-
-    cfg = ModelConfig.from_dir(args.model)
-    kv_bytes = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * OVGENAI_KV_BYTES
+def _ovgenai_job(model: BenchModel, model_dir: Path, prompts: list[list[int]], args) -> dict:
     return {
         "engine": "ovgenai-continuous",
         "model_dir": str(model_dir),
         "prompts": prompts,
         "output_len": args.output_len,
         "threads": args.threads,
-        "kv_bytes_per_token": kv_bytes,
+        "kv_bytes_per_token": kv_bytes_per_token(model, OPENVINO_GENAI),  # its u8 KV
     }
 
 

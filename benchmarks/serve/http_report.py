@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.harness.load import load_line
 from benchmarks.serve.report import ratio_lines, round_table
 
 __all__ = ["STEM", "TARGETS", "markdown", "strip_timings"]
@@ -57,7 +58,7 @@ def markdown(r: dict[str, Any]) -> str:
         for ours, ratios in ours_ratios.items():
             lines += ratio_lines(ours, ratios.get(phase, {}))
     lines += ["", "## Targets (issue 27, new prompts)", "", *_targets(ours_ratios)]
-    lines += ["", *_builds(r), "", _load_line(r)]
+    lines += ["", *_builds(r), "", load_line(r["load"], r.get("refused"))]
     return "\n".join(lines) + "\n"
 
 
@@ -86,7 +87,8 @@ def _builds(r: dict[str, Any]) -> list[str]:
         if not build.get("ok"):
             lines.append(f"- {name}: not run: {build.get('error')}")
             continue
-        detail = build.get("version") or build.get("gguf") or ""
+        seconds = f"built in {build['seconds']:.0f} s" if "seconds" in build else ""
+        detail = build.get("version") or build.get("gguf") or seconds
         command = build.get("command")
         lines.append(f"- {name}: ok {detail}" + (f" (`{command}`)" if command else ""))
     return lines
@@ -95,12 +97,3 @@ def _builds(r: dict[str, Any]) -> list[str]:
 def _versions(r: dict[str, Any]) -> str:
     versions = r["machine"].get("versions") or {}
     return ", ".join(f"{k} {v}" for k, v in versions.items()) or "versions not recorded"
-
-
-def _load_line(r: dict[str, Any]) -> str:
-    samples = (r.get("load") or {}).get("load_1min_samples") or []
-    if not samples:
-        return "Host load: not sampled."
-    line = f"Host load (1-minute average, before each run): max {max(samples):.1f} over "
-    line += f"{len(samples)} samples, {r['config']['threads']} benchmark threads"
-    return line + (f": REFUSED ({r['refused']})." if r.get("refused") else ": quiet enough.")
