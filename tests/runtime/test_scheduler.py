@@ -128,12 +128,22 @@ _ops = st.lists(st.sampled_from(["add", "step", "step", "abort"]), min_size=1, m
     max_num_seqs=st.integers(1, 4),
     budget=st.integers(1, 16),
     caching=st.booleans(),
+    policy=st.sampled_from(["fcfs", "priority"]),
     adds=_adds,
     ops=_ops,
     abort_picks=st.lists(st.integers(0, 7), max_size=8),
 )
 def test_no_block_is_leaked_or_shared_wrongly(
-    tokenizer, block_size, extra_blocks, max_num_seqs, budget, caching, adds, ops, abort_picks
+    tokenizer,
+    block_size,
+    extra_blocks,
+    max_num_seqs,
+    budget,
+    caching,
+    policy,
+    adds,
+    ops,
+    abort_picks,
 ):
     max_seq_len = 16
     gen = _generator(
@@ -144,13 +154,15 @@ def test_no_block_is_leaked_or_shared_wrongly(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         enable_prefix_caching=caching,
+        scheduling_policy=policy,
     )
     added, aborted = {}, set()
     # Every request is added at some point; the rest runs to completion.
     for op in [*ops, *["add"] * len(adds), *["step"] * 300]:
         if op == "add" and adds:
             prompt, max_tokens = adds.pop()
-            added[gen.add(prompt, SamplingParams(max_tokens=max_tokens, temperature=0))] = (
+            params = SamplingParams(max_tokens=max_tokens, temperature=0)
+            added[gen.add(prompt, params, priority=max_tokens % 3)] = (
                 prompt,
                 max_tokens,
             )
