@@ -138,6 +138,14 @@ class _Request:
         return self.seq.token_ids[self.seq.num_prompt_tokens :]
 
 
+def _freeing_window(window: int | None, speculation: Speculation | None) -> int | None:
+    """The window outside which the scheduler gives blocks back: the model's, unless the
+    drafter attends past it (an EAGLE-3 draft layer reads every position it holds)."""
+    if speculation is not None and not speculation.drafter.windowed:
+        return None
+    return window
+
+
 class Generator:
     """Runs requests to completion over one session and one KV pool (not thread-safe: one
     thread calls every method)."""
@@ -169,6 +177,7 @@ class Generator:
             config.enable_prefix_caching,
             on_preempt=self._preempted,
             policy=config.scheduling_policy,
+            sliding_window=_freeing_window(config.sliding_window, speculation),
         )
         # Plain decode calls: the last one's arrays, advanced in place while the batch holds.
         self._decode_inputs = DecodeInputs(config.sliding_window, self._scratch)

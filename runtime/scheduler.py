@@ -22,6 +22,12 @@ in this step (its chunk is dropped from the step), as vLLM's scheduler does. Wai
 never preempt running ones under either policy. `on_preempt` tells whoever keeps per-sequence
 state beside the pool (the Generator, for its drafter). Finished sequences leave at once;
 waiting ones fill their slots in the same step.
+
+With a `sliding_window` W (a model whose every layer slides: Mistral), a sequence about to
+compute from position p gives back, before it is scheduled, each block whose positions are all
+below p - W + 1: no query at p or later sees them (`BlockTable.free_before`). Its KV then stays
+within W + the chunk + a block, however long it runs. A block shared through the prefix cache
+only loses that reference; a cached one stays findable on the free list until reused.
 """
 
 from __future__ import annotations
@@ -129,6 +135,7 @@ class Scheduler:
         enable_prefix_caching: bool = True,
         on_preempt: Callable[[SequenceState], None] | None = None,
         policy: str = "fcfs",
+        sliding_window: int | None = None,
     ) -> None:
         if policy not in SCHEDULING_POLICIES:
             raise ValueError(
@@ -148,6 +155,8 @@ class Scheduler:
         # it beside the pool (a drafter, through the Generator) drops what the blocks held.
         self.on_preempt = on_preempt
         self.policy = policy
+        # Blocks wholly before a sequence's next position - this + 1 are given back as it runs.
+        self.sliding_window = sliding_window
         # fcfs: in arrival order, preempted ones in front; priority: by (priority, arrival).
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []  # in admission order; fcfs preempts the last
@@ -222,7 +231,7 @@ class Scheduler:
         if full <= seq.num_cached_blocks:
             return
         chain_hashes(seq.token_ids, self.block_size, full, seq.block_hashes)
-        for i in range(seq.num_cached_blocks, full):
+        for i in range(max(seq.num_cached_blocks, seq.table.num_freed), full):
             self.cache.insert(seq.table.block_ids[i], seq.block_hashes[i])
         seq.num_cached_blocks = full
 
@@ -237,6 +246,7 @@ class Scheduler:
         """Schedule up to `n` more tokens of running `seq` (as many as fit) into `into` (a
         list of `out`), preempting (`_victim`) until some fit; 0 if `seq` itself was
         preempted."""
+        self._free_outside_window(seq)
         while True:
             fit = min(n, self.capacity(seq))
             if fit:
@@ -259,6 +269,11 @@ class Scheduler:
         if self.policy == "priority":
             return max(self.running, key=_priority_order)
         return next(s for s in reversed(self.running) if s not in scheduled)
+
+    def _free_outside_window(self, seq: SequenceState) -> None:
+        """Give back the blocks of `seq` that no query from its next position on can see."""
+        if self.sliding_window is not None:
+            seq.table.free_before(seq.num_computed - self.sliding_window + 1)
 
     def capacity(self, seq: SequenceState) -> int:
         """How many more tokens `seq` can take with the blocks it has and the free ones."""
@@ -290,6 +305,7 @@ class Scheduler:
         self.waiting.popleft()
         seq.table.share(hits)  # before allocating: the allocator must not evict the hits
         seq.num_cached_blocks = len(hits)
+        self._free_outside_window(seq)  # hits that the window has already left behind
         seq.table.reserve(n)
         self.running.append(seq)
         prefill.append(Chunk(seq, start, n))
