@@ -18,7 +18,6 @@ materialized directory is verified against manifest.json before it is renamed in
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -230,7 +229,8 @@ def pull(
         needed = {f.path for f in files_with_roles(manifest, wanted)}
         if have and needed <= have:
             record = read_partial(target)
-            return PullResult(target, pinned.pinned(), digest, 0, manifest, record)
+            downloaded = fetcher.downloaded  # manifest.json or model.sig, if they were not stored
+            return PullResult(target, pinned.pinned(), digest, downloaded, manifest, record)
     paths = {f.path for f in files_with_roles(manifest, wanted)} | have
     chosen = [b for b in blobs if b.path in paths or b in heads]
     fetcher.fetch(chosen)
@@ -301,8 +301,8 @@ def _check_heads(store: BlobStore, heads: list[FileBlob], check: Callable[[Path]
     (store.root / "tmp").mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=store.root / "tmp", prefix="check-"))
     try:
-        for blob in heads:
-            os.link(store.blob_path(blob.digest), work / blob.path)
+        for blob in heads:  # small files: copies work on any filesystem
+            shutil.copyfile(store.blob_path(blob.digest), work / blob.path)
         check(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
