@@ -7,7 +7,9 @@ draft model's engine), `eval` (eval/), `interop:<format>` (interop/<format>/).
 
 An engine needs `common`, its own `engine:<name>`, the roles its record `reads` (the openvino
 engine rebuilds its model from the portable graph), the role of the file its `path` names (so a
-record written before `reads` existed still gets its file), and the draft files it runs with.
+record written before `reads` existed still gets its file), and the draft files it runs with:
+`draft:<name>`, the role of its draft engine's `path`, and `draft` with Medusa heads or an
+EAGLE draft.
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ def target_engine(manifest: Manifest, target: str) -> EngineInfo:
 
 def engine_roles(manifest: Manifest, engine: EngineInfo) -> frozenset[str]:
     """The roles of every file `engine` reads when it runs (module docstring)."""
-    roles = {"common", f"engine:{engine.name}", "draft", f"draft:{engine.name}", *engine.reads}
-    by_path = {f.path: f.role for f in manifest.files}
+    roles = {"common", f"engine:{engine.name}", f"draft:{engine.name}", *engine.reads}
     spec = manifest.speculative
+    if spec is not None and (spec.heads is not None or spec.eagle is not None):
+        roles.add("draft")  # the heads or the EAGLE draft run beside any engine
+    by_path = {f.path: f.role for f in manifest.files}
     draft_engines = spec.draft.engines if spec is not None and spec.draft is not None else []
+    # The files the records name: an openvino draft's draft/model.onnx has role `draft`.
     paths = [engine.path] + [e.path for e in draft_engines if e.name == engine.name]
     roles |= {by_path[p] for p in paths if p in by_path}
     return frozenset(roles)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.decode.models import build_random_llama
-from benchmarks.harness.load import LoadWatch, load_line
+from benchmarks.harness.load import LoadWatch, load_line, wait_idle
 from benchmarks.harness.machine import machine_info
 from benchmarks.harness.paths import RESULTS
 from benchmarks.harness.report import add_report_only, publish, rerender
@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     blob_bytes = int(args.blob_gib * (1 << 30))
     artifact = build_artifact(work, blob_bytes)
     artifact_bytes = sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
+    # The 1-minute load lags the work before this run (the build above, the lock's last holder).
+    wait_idle(300, lambda line: print(line, file=sys.stderr), poll_s=10)
     watch = LoadWatch(len(os.sched_getaffinity(0)))
     registry = LocalRegistry(work / "registry", args.registry_bin)
     try:

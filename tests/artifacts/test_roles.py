@@ -141,3 +141,17 @@ def test_roles_asked_for_are_checked_against_the_manifest(tmp_path):
     assert check_roles(manifest, ["interop:compressed-tensors"]) == {"interop:compressed-tensors"}
     with pytest.raises(ArtifactError, match="role interop:gguf: not a role of this artifact"):
         check_roles(manifest, ["interop:gguf"])
+
+
+def test_draft_files_go_with_the_engines_that_run_them(tmp_path):
+    from test_manifest_speculative import DRAFT_ENGINE, FILES, HEADS, _medusa, draft, fields
+
+    root = write_files(tmp_path / "spec", FILES)
+    write_manifest(root, fields({"method": "draft_model", "num_speculative_tokens": 3,
+                                 "draft": draft()}))  # fmt: skip
+    assert roles_of(root)[DRAFT_ENGINE] == "draft:onnxruntime-cpu"
+    assert roles_of(root)[HEADS] == "draft"  # on disk, not used by this draft_model artifact
+    needed = paths_for(root, "onnxruntime-cpu")
+    assert DRAFT_ENGINE in needed and HEADS not in needed
+    write_manifest(root, fields(_medusa()))
+    assert HEADS in paths_for(root, "onnxruntime-cpu")
