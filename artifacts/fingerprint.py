@@ -40,11 +40,14 @@ def save_fingerprints(record: Path, manifest_digest: str, keys: Mapping[str, Sta
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=record.parent, prefix=".fp-")
+    except OSError:
+        return False
+    try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, record)
     except OSError:
-        with contextlib.suppress(NameError, OSError):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         return False
     return True
