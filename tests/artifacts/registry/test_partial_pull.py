@@ -256,3 +256,13 @@ def test_a_partial_directory_skips_the_engines_it_lacks(registry, multi, tmp_pat
     assert engine.name == "openvino-cpu" and skipped == [f"onnxruntime-cpu: {why}"]
     with pytest.raises(EngineUnavailable, match=re.escape(why)):
         LoadedModel.load(out, engine="onnxruntime-cpu")  # a plain directory: all hashed
+
+
+def test_serve_engine_flag_narrows_the_pull_before_any_weight(registry, multi, proxy, tmp_path):
+    pushed = push(multi, registry.ref("partial/serve:v1"), retry=FAST)
+    watched = proxy()
+    ref = f"oci://{watched.host}/partial/serve@{pushed.digest}"
+    runner = CliRunner(env={"INGOT_STORE_DIR": str(tmp_path / "store")})
+    result = runner.invoke(main, ["serve", ref, "--engine", "tensorrt"])
+    assert result.exit_code == 1 and "--engine: engine 'tensorrt'" in result.output
+    assert len(blob_gets(watched, "partial/serve")) == 2  # manifest.json and the config only
