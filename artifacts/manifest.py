@@ -414,8 +414,12 @@ class Manifest(_Strict):
         if eagle is not None:
             _eagle_fits_target(eagle, self)
         known = self.known_roles()
+        interop = {i.path: i.format for i in self.interop}
         for entry in self.files:
-            if entry.role not in known:
+            # A role its path gives is always known: an older manifest with an engine directory
+            # no record names (a full pull still fetches it) loads as it did.
+            derived = path_role(entry.path, self.graph.path, interop)
+            if entry.role not in known and entry.role != derived:
                 raise ValueError(
                     f"files[{entry.path}]: role {entry.role!r} is not one this manifest knows "
                     f"({', '.join(sorted(known))})"

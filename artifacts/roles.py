@@ -52,7 +52,7 @@ def check_roles(manifest: Manifest, roles: Iterable[str]) -> frozenset[str]:
     """`roles` as given (`ingot pull --role`), refused with one line if the manifest has none
     of a role's files and does not know the role."""
     roles = frozenset(roles)
-    unknown = sorted(roles - manifest.known_roles())
+    unknown = sorted(roles - manifest.known_roles() - {f.role for f in manifest.files})
     if unknown:
         present = sorted({f.role for f in manifest.files})
         raise ArtifactError(

@@ -155,3 +155,12 @@ def test_draft_files_go_with_the_engines_that_run_them(tmp_path):
     assert DRAFT_ENGINE in needed and HEADS not in needed
     write_manifest(root, fields(_medusa()))
     assert HEADS in paths_for(root, "onnxruntime-cpu")
+
+
+def test_an_engine_directory_no_record_names_keeps_its_path_role(tmp_path):
+    # As an older manifest may have it: the role its path gives is accepted, never pulled
+    # for a target, fetched by a full pull.
+    root = build(tmp_path)
+    edit_manifest(root, lambda d: d["engines"].pop(0))
+    assert roles_of(root)["engines/onnxruntime-cpu/model.onnx"] == "engine:onnxruntime-cpu"
+    assert "engines/onnxruntime-cpu/model.onnx" not in paths_for(root, "openvino-cpu")
