@@ -241,8 +241,9 @@ def _markdown(r: dict[str, Any]) -> str:
         f"Pull throughput: **{pull / raw:.0%}** of the plain GET into a synced file, "
         f"{pull / raw_null:.0%} of the GET into /dev/null (the issue's target: >= 80%). A pull "
         "lands the bytes durably (fsync before the rename into the store) and hashes each one: "
-        f"sha256 of the pulled files alone (the full check below) runs at {pulled / 1e6 / full:.0f} "
-        "MB/s here, so no verifying pull can reach 80% of the GET into /dev/null on this host.",
+        f"sha256 of the pulled files alone (the full check below) runs at "
+        f"{pulled / 1e6 / full:.0f} MB/s here, so no verifying pull can reach 80% of the GET "
+        "into /dev/null on this host.",
         "",
         "Load-time check of the pulled artifact in the store (every file):",
         "",
