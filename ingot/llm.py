@@ -54,8 +54,9 @@ class RequestOutput:
 
 
 def resolve_model(model: str | Path) -> Path:
-    """The local artifact directory for `model`. The one place a model reference is resolved:
-    registry references (oci://...) are pulled into the local store here."""
+    """The local artifact directory for `model`: a registry reference (oci://...) is pulled
+    whole into the local store. (LLM itself hands a reference to LoadedModel.load, which pulls
+    only what the engine this host runs reads.)"""
     return resolve_artifact(model)
 
 
@@ -94,7 +95,7 @@ class LLM:
         template = None if chat_template is None else load_chat_template(chat_template)
         try:
             self.model = LoadedModel.load(
-                resolve_model(model),
+                model,  # an oci:// reference: pulled for the engine this host runs
                 chat_template=template,
                 kv_cache_bytes=kv_cache_memory,
                 max_num_seqs=max_num_seqs,

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ingot.artifacts import EngineInfo, Manifest, safe_relative_path, verify_artifact
-from ingot.artifacts.resolve import resolve_artifact
+from ingot.artifacts import EngineInfo, Manifest, safe_relative_path
+from ingot.artifacts.reference import is_oci_reference
+from ingot.artifacts.resolve import pull_reference
 from ingot.artifacts.signing import check_signature
-from ingot.runtime.engine_select import select_engine
+from ingot.artifacts.verify import check_artifact
+from ingot.runtime.engine_select import pull_roles, select_engine
 from ingot.runtime.engines.base import EngineRunner
 from ingot.runtime.generate import DEFAULT_MAX_NUM_SEQS, Generator, GeneratorConfig
 from ingot.runtime.kv_pool import KVCacheTooSmall, KVPool
@@ -76,7 +78,10 @@ class LoadedModel:
         scheduling_policy: str = "fcfs",
     ) -> LoadedModel:
         """Verify the artifact at `path` (a directory or an `oci://` reference, pulled into the
-        local store first), then load it.
+        local store first), then load it. A directory's files are all hashed; a reference
+        pulls only the files of the engine this host would run (`engine` narrows it), checked
+        as they stream in, and a load from the store compares each file's recorded stat
+        instead of re-hashing it (artifacts/fingerprint.py).
 
         With `verify_key` (a PEM public key) model.sig must be a valid signature by its
         private key, else the artifact is refused before anything is loaded; see
@@ -115,8 +120,8 @@ class LoadedModel:
                 f"scheduling_policy {scheduling_policy!r} is not one of "
                 f"{', '.join(SCHEDULING_POLICIES)}"
             )
-        root, manifest = _verified(path, verify_key, require_signature)
-        selected = _selected_engine(manifest, engine)
+        root, manifest, absent = _verified(path, verify_key, require_signature, engine)
+        selected = _selected_engine(manifest, engine, absent)
         speculative = resolve_config(manifest, speculative_config)
         target = _engine_files(root, manifest, selected)
         drafter = drafter_files(root, manifest, selected.name, speculative)
@@ -171,17 +176,30 @@ class LoadedModel:
 
 
 def _verified(
-    path: Path | str, verify_key: Path | str | None, require_signature: bool | None
-) -> tuple[Path, Manifest]:
-    """The artifact's directory (an `oci://` reference pulled into the local store first) and
-    its manifest, its signature checked as asked and its files verified before any is opened."""
-    root = resolve_artifact(path)
-    check_signature(root, verify_key=verify_key, require=require_signature)
-    return root, verify_artifact(root)
+    path: Path | str,
+    verify_key: Path | str | None,
+    require_signature: bool | None,
+    engine: str | None,
+) -> tuple[Path, Manifest, tuple[str, ...]]:
+    """The artifact's directory (an `oci://` reference pulled into the local store first), its
+    manifest and the files a partial pull left out; its signature checked as asked and its
+    files verified before any is opened."""
+
+    def check(root: Path) -> None:
+        check_signature(root, verify_key=verify_key, require=require_signature)
+
+    if is_oci_reference(path):  # the signature before any blob but manifest.json is fetched
+        pulled = pull_reference(str(path), roles=pull_roles(engine), check=check)
+        return pulled.path, pulled.manifest, pulled.absent
+    check(Path(path))
+    verified = check_artifact(path)
+    return Path(path), verified.manifest, verified.absent
 
 
-def _selected_engine(manifest: Manifest, requested: str | None) -> EngineInfo:
-    engine, skipped = select_engine(manifest, requested=requested)
+def _selected_engine(
+    manifest: Manifest, requested: str | None, absent: tuple[str, ...]
+) -> EngineInfo:
+    engine, skipped = select_engine(manifest, requested=requested, absent=absent)
     log.info("engine %s (%s on %s) selected", engine.name, engine.engine, engine.device)
     for reason in skipped:
         log.info("engine skipped: %s", reason)
