@@ -21,7 +21,8 @@ batch-1 decode speed on the ONNX Runtime engine, per scheme.
 - Decode: tokens per second of one sequence (a 16-token prompt, then --tokens greedy tokens,
   prefill excluded: the time of --tokens tokens minus that of one), each artifact in a fresh
   process, every configuration once per round in a rotating order (harness/rounds.py), the
-  median of the rounds. A loaded host refuses the report (harness LoadWatch).
+  median of the rounds. A loaded host refuses the report (harness LoadWatch); --rounds 0
+  measures bytes and perplexity only, which a loaded host does not change.
 
 Writes benchmarks/results/embedding_heads.json and embedding_heads.md.
 """
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.report_only:
         return rerender(args.out_dir, args.report_name, _markdown)
-    watch = LoadWatch(args.threads)
+    watch = LoadWatch(args.threads, timed=args.rounds > 0)  # --rounds 0: no decode timing
     report: dict[str, Any] = {
         "machine": machine_info(),
         "settings": {k: v for k, v in vars(args).items() if k in _SETTINGS},
@@ -117,7 +118,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--max-windows", type=int, default=None, help="default: every window")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="decode rounds; 0: none")
     parser.add_argument("--tokens", type=int, default=128, help="greedy tokens per decode run")
     parser.add_argument("--report-name", default="embedding_heads")
     parser.add_argument("--work-dir", type=Path, default=None, help="where builds are written")
@@ -264,7 +265,7 @@ def _markdown(report: dict[str, Any]) -> str:
         + ".",
         "",
         "| model | embedding / lm_head | IR | engine | cost | tables MiB | portable MiB | "
-        f"engine MiB | decode tok/s (median of {settings['rounds']}) |",
+        f"engine MiB | decode tok/s ({_rounds(settings['rounds'])}) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -284,6 +285,10 @@ def _markdown(report: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _rounds(rounds: int) -> str:
+    return f"median of {rounds} rounds" if rounds else "not measured: --rounds 0"
 
 
 def _num(value: float | None, fmt: str) -> str:
