@@ -20,8 +20,9 @@ batch-1 decode speed on the ONNX Runtime engine, per scheme.
   initializers' share of the portable one (each stored byte range once).
 - Decode: tokens per second of one sequence (a 16-token prompt, then --tokens greedy tokens,
   prefill excluded: the time of --tokens tokens minus that of one), each artifact in a fresh
-  process, every configuration once per round in a rotating order (harness/rounds.py), the
-  median of the rounds. A loaded host refuses the report (harness LoadWatch); --rounds 0
+  process, after every build and a wait for an idle host (up to 5 min), every configuration
+  of both models once per round in a rotating order (harness/rounds.py), the median of the
+  rounds. A loaded host refuses the report (harness LoadWatch); --rounds 0
   measures bytes and perplexity only, which a loaded host does not change.
 
 Writes benchmarks/results/embedding_heads.json and embedding_heads.md.
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.launch import run_worker, worker_main
-from benchmarks.harness.load import LoadWatch
+from benchmarks.harness.load import LoadWatch, wait_idle
 from benchmarks.harness.machine import machine_info
 from benchmarks.harness.paths import RESULTS, data_dir, models_dir
 from benchmarks.harness.report import add_report_only, publish, rerender
@@ -70,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.report_only:
         return rerender(args.out_dir, args.report_name, _markdown)
-    watch = LoadWatch(args.threads, timed=args.rounds > 0)  # --rounds 0: no decode timing
     report: dict[str, Any] = {
         "machine": machine_info(),
         "settings": {k: v for k, v in vars(args).items() if k in _SETTINGS},
@@ -79,26 +79,27 @@ def main(argv: list[str] | None = None) -> int:
     report["settings"]["eval_text"] = str(args.eval_text)
     with tempfile.TemporaryDirectory(prefix="ingot-heads-", dir=args.work_dir) as tmp:
         work = Path(tmp)
+        built = {}  # (model, label) -> the build; bytes and perplexity do not depend on load
         for model in args.models:
             checkpoint = args.models_dir / model
             tied = json.loads((checkpoint / "config.json").read_text())["tie_word_embeddings"]
-            built = {}
             for label, (entries, tied_ok) in CONFIGS.items():
-                if tied and not tied_ok:
-                    continue
-                built[label] = _build(work, checkpoint, label, entries, args)
-                watch.sample()
-                _log(f"{model}: {label}: {built[label]['row']}")
-            report["rows"] += [b["row"] for b in built.values()]
-            report["rows"].append(_int4_ir_only(built["fp32"], checkpoint, args))
-            speeds = interleave(
-                list(built),
-                args.rounds,
-                lambda label, _i, built=built: _decode(work, built[label]["artifact"], args),
-                after_case=watch.sample,
-            )
-            for label, values in speeds.items():
-                built[label]["row"]["decode_tok_s"] = [round(v, 2) for v in values]
+                if not tied or tied_ok:
+                    built[model, label] = _build(work, checkpoint, label, entries, args)
+                    _log(f"{model}: {label}: {built[model, label]['row']}")
+            report["rows"] += [b["row"] for (m, _), b in built.items() if m == model]
+            report["rows"].append(_int4_ir_only(built[model, "fp32"], checkpoint, args))
+        # Decode is timed: the builds' own load decays first, then every round is watched.
+        report["waited_idle_s"] = round(wait_idle(300, _log), 1) if args.rounds else 0.0
+        watch = LoadWatch(args.threads, timed=args.rounds > 0)  # --rounds 0: no timing
+        speeds = interleave(
+            list(built),
+            args.rounds,
+            lambda case, _i: _decode(work, built[case]["artifact"], args),
+            after_case=watch.sample,
+        )
+        for case, values in speeds.items():
+            built[case]["row"]["decode_tok_s"] = [round(v, 2) for v in values]
     report["host_load"] = watch.record()
     report["refused"] = watch.refusal()
     return publish(report, args.out_dir, args.report_name, _markdown)
