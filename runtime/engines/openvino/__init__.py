@@ -22,12 +22,22 @@ from ingot.runtime.engines.base import HostInfo, SessionError, SessionSettings
 from ingot.runtime.engines.openvino.compat import problems
 from ingot.runtime.engines.openvino.layout import kv_layout
 from ingot.runtime.engines.openvino.options import CompileOptions
+from ingot.runtime.engines.resident import ResidentMemory, ResidentModel, ServingShape
 from ingot.runtime.kv_pool import KVLayout, KVPool
 
 if TYPE_CHECKING:
     from ingot.runtime.engines.openvino.session import OpenVinoSession
 
 __all__ = ["PLUGIN", "OpenVinoEngine"]
+
+# Fitted to `ingot serve` with its KV cache full (benchmarks/results/serving_plan.md: the demo
+# and the 1B shape, RTN int4, --max-num-batched-tokens 2048).
+RESIDENT = ResidentModel(
+    base_bytes=165 << 20,
+    weights_factor=1.92,
+    attention_buffers=2.0,
+    source="fitted in benchmarks/results/serving_plan.md",
+)
 
 # The pool's numpy dtype -> the cache precision it holds (layout.CACHE_DTYPES reversed).
 _PRECISION_OF = {"float32": "f32", "float16": "f16", "uint8": "u8"}
@@ -45,6 +55,9 @@ class OpenVinoEngine:
     def kv_layout(self, graph: GraphInfo, engine: EngineInfo) -> KVLayout:
         options = CompileOptions.parse(engine.session_options)
         return kv_layout(graph, options.kv_precision(graph.kv_dtype))
+
+    def resident_memory(self, engine: EngineInfo, shape: ServingShape) -> ResidentMemory:
+        return RESIDENT.estimate(shape)
 
     def open(
         self, path: Path, engine: EngineInfo, pool: KVPool, settings: SessionSettings
