@@ -19,7 +19,12 @@ __all__ = ["register"]
 def register(main: click.Group) -> None:
     @main.command()
     @click.argument("artifact", required=False)
-    @click.option("--recipe", "recipe_path", type=click.Path(dir_okay=False))
+    @click.option(
+        "--recipe",
+        "recipe_path",
+        type=click.Path(dir_okay=False),
+        help="The recipe whose build to plan.",
+    )
     @click.option(
         "--config",
         "config_path",

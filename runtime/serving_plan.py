@@ -112,7 +112,7 @@ class ServingPlan:
             f"bytes/token ({self.kv_dtype}, blocks of {self.kv_block_size}): "
             f"{self.sequences} sequences of {self.max_seq_len} tokens",
             f"  resident total     {mib(self.resident):>10}  (+{MARGIN:.0%} margin <= "
-            f"--memory {mib(self.memory)})",
+            f"--memory {mib(self.memory)}; for sequences up to {self.max_seq_len} tokens)",
             "serve with:",
             "  ingot serve ARTIFACT " + " ".join(self.serve_args()),
             f"container memory: request {self.memory_request // _MIB}Mi, limit "
@@ -132,7 +132,7 @@ def plan_serving(manifest: Manifest, request: ServingRequest) -> ServingPlan:
             f"--max-seq-len {seq_len}: the model's max_seq_len is {model.max_seq_len}"
         )
     files = engine_file_bytes(manifest, engine)
-    shape = ServingShape(model, files, request.max_num_batched_tokens)
+    shape = ServingShape(model, files, request.max_num_batched_tokens, seq_len)
     resident = runtime.resident_memory(engine, shape)
     layout = runtime.kv_layout(manifest.graph, engine)
     per_block, block = layout.bytes_per_block, layout.block_size

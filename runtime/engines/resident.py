@@ -8,10 +8,11 @@ the serving plan (runtime/serving_plan.py) adds the pool to.
 - files: the bytes of the files the engine reads (its graph and weights), of which it keeps
   `weights_factor` resident (1.0: one copy; more: a copy made at load besides the file's);
 - T x C x H x 4: the fp32 attention scores of one scheduler step's tokens T
-  (--max-num-batched-tokens, a prefill chunk) against the longest context C (the model's
-  max_seq_len) over H heads. The engines materialize them, and what they derive from them, in
-  buffers they keep for the next step: the one activation that outgrows the weights (at the
-  1B shape, 256 MiB each).
+  (--max-num-batched-tokens, a prefill chunk) against the longest context C (the plan's
+  --max-seq-len, by default the model's max_seq_len) over H heads. The engines materialize
+  them, and what they derive from them, in buffers they keep for the next step: the one
+  activation that outgrows the weights (at the 1B shape, 256 MiB each). A server that admits
+  longer sequences than the plan's needs more: its context, not the plan's, sets C.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ class ServingShape:
     model: ModelInfo
     file_bytes: int  # the files the engine reads
     max_num_batched_tokens: int  # `ingot serve --max-num-batched-tokens`
+    max_seq_len: int  # the longest sequence planned for
 
     @property
     def attention_scores_bytes(self) -> int:
         """One step's fp32 attention scores: T tokens x C context x H heads."""
-        m = self.model
-        return self.max_num_batched_tokens * m.max_seq_len * m.num_heads * _FP32
+        tokens, context = self.max_num_batched_tokens, self.max_seq_len
+        return tokens * context * self.model.num_heads * _FP32
 
 
 @dataclass(frozen=True, slots=True)

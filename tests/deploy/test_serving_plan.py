@@ -72,6 +72,9 @@ def test_max_num_seqs_and_max_seq_len_bound_the_cache(demo_artifact):
     short = _plan(demo_artifact, max_seq_len=100)  # 7 blocks of 16 per sequence
     assert short.kv_cache_memory == short.sequences * 7 * 16 * short.kv_bytes_per_token
     assert short.sequences > full.sequences * 9
+    # the attention scores of a step's chunk against contexts of 100 tokens, not 1024
+    scores = RESIDENT.attention_buffers * 2048 * (1024 - 100) * 4 * 4
+    assert full.overhead - short.overhead == pytest.approx(scores, abs=1)
 
 
 def test_ingot_serve_with_the_plans_options_holds_the_planned_cache(demo_artifact):
