@@ -133,6 +133,11 @@ def plan_serving(manifest: Manifest, request: ServingRequest) -> ServingPlan:
         )
     files = engine_file_bytes(manifest, engine)
     shape = ServingShape(model, files, request.max_num_batched_tokens, seq_len)
+    if not hasattr(runtime, "resident_memory"):  # a plug-in written before the method
+        raise PlanDoesNotFit(
+            f"the {engine.engine} runtime plug-in has no resident-memory model "
+            "(EngineRuntime.resident_memory): its serving memory cannot be planned"
+        )
     resident = runtime.resident_memory(engine, shape)
     layout = runtime.kv_layout(manifest.graph, engine)
     per_block, block = layout.bytes_per_block, layout.block_size
