@@ -40,6 +40,8 @@ __all__ = [
     "SpeculativeInfo",
     "TokenizerInfo",
     "manifest_bytes",
+    "parse_manifest",
+    "path_role",
     "read_manifest",
     "read_manifest_bytes",
     "reference_problems",
@@ -80,6 +82,34 @@ class FileEntry(_Strict):
     path: str = Field(description="relative POSIX path inside the artifact")
     size: NonNegative = Field(description="size in bytes")
     sha256: Sha256Hex
+    # Which pull target needs it (artifacts/roles.py). Written by write_manifest from the path;
+    # a manifest written before the field gets the same derivation when it is read.
+    role: str = Field(
+        pattern=r"^[a-z][a-z0-9_-]*(:[A-Za-z0-9._-]+)?$",
+        description="common | portable | eval | draft | engine:<name> | draft:<engine name> "
+        "| interop:<format>",
+    )
+
+
+def path_role(path: str, graph_path: str, interop: Mapping[str, str]) -> str:
+    """The role of the artifact file `path`: `graph_path` is the portable graph's path,
+    `interop` maps each interop export's directory to its format."""
+    parts = path.split("/")
+    if parts[0] == "engines" and len(parts) > 2:
+        return f"engine:{parts[1]}"
+    if parts[0] == "draft":
+        return f"draft:{parts[2]}" if parts[1:2] == ["engines"] and len(parts) > 3 else "draft"
+    if parts[0] == "eval":
+        return "eval"
+    if parts[0] == "interop":
+        for directory, fmt in interop.items():
+            if path.startswith(directory.rstrip("/") + "/"):
+                return f"interop:{fmt}"
+        return f"interop:{parts[1]}" if len(parts) > 2 else "common"
+    # the graph and its external data (model.onnx.data)
+    if path == graph_path or path.startswith(graph_path + "."):
+        return "portable"
+    return "common"
 
 
 class ModelInfo(_Strict):
@@ -202,6 +232,11 @@ class EngineInfo(_Strict):
     )
     build: dict[str, Any] = Field(
         default_factory=dict, description="how the engine was built (informational)"
+    )
+    reads: list[str] = Field(
+        default_factory=list,
+        description="the roles of files it reads besides common and its own engine:<name> "
+        "(openvino: portable); what `ingot pull --target` fetches for it (artifacts/roles.py)",
     )
 
 
@@ -334,6 +369,31 @@ class Manifest(_Strict):
             raise ValueError(f"format_version {v} is not supported (supported: {FORMAT_VERSION})")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_roles(cls, data: Any) -> Any:
+        """Manifests written before `role` existed: each file's role from its path."""
+        files = data.get("files") if isinstance(data, dict) else None
+        if not isinstance(files, list) or all(
+            not isinstance(f, dict) or "role" in f for f in files
+        ):
+            return data
+        graph = data.get("graph") if isinstance(data.get("graph"), dict) else {}
+        graph_path = graph.get("path", "model.onnx")
+        interop = {
+            i["path"]: i["format"]
+            for i in data.get("interop") or []
+            if isinstance(i, dict) and isinstance(i.get("path"), str)
+            and isinstance(i.get("format"), str)
+        }  # fmt: skip
+        derived = [
+            {**f, "role": path_role(f["path"], str(graph_path), interop)}
+            if isinstance(f, dict) and "role" not in f and isinstance(f.get("path"), str)
+            else f
+            for f in files
+        ]
+        return {**data, "files": derived}
+
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
         paths = [f.path for f in self.files]
@@ -353,7 +413,30 @@ class Manifest(_Strict):
         eagle = self.speculative.eagle if self.speculative is not None else None
         if eagle is not None:
             _eagle_fits_target(eagle, self)
+        known = self.known_roles()
+        interop = {i.path: i.format for i in self.interop}
+        for entry in self.files:
+            # A role its path gives is always known: an older manifest with an engine directory
+            # no record names (a full pull still fetches it) loads as it did.
+            derived = path_role(entry.path, self.graph.path, interop)
+            if entry.role not in known and entry.role != derived:
+                raise ValueError(
+                    f"files[{entry.path}]: role {entry.role!r} is not one this manifest knows "
+                    f"({', '.join(sorted(known))})"
+                )
+        for engine in self.engines:
+            if not set(engine.reads) <= known:
+                unknown = ", ".join(sorted(set(engine.reads) - known))
+                raise ValueError(f"engines[{engine.name}].reads: unknown role {unknown}")
         return self
+
+    def known_roles(self) -> set[str]:
+        """Every role a file of this manifest may have (artifacts/roles.py uses them)."""
+        roles = {"common", "portable", "eval", "draft"}
+        roles |= {f"engine:{e.name}" for e in self.engines}
+        roles |= {f"draft:{e.name}" for e in self.engines}
+        roles |= {f"interop:{i.format}" for i in self.interop}
+        return roles
 
     def referenced_paths(self) -> dict[str, str]:
         """{manifest field: relative path} for every file the manifest points at."""
@@ -544,8 +627,11 @@ def read_manifest_bytes(root: Path) -> bytes:
 
 def read_manifest(root: Path) -> Manifest:
     """Parse and validate root/manifest.json (its files are not checked: see verify_artifact)."""
-    path = Path(root) / MANIFEST_NAME
-    raw = read_manifest_bytes(root)
+    return parse_manifest(read_manifest_bytes(root), str(Path(root) / MANIFEST_NAME))
+
+
+def parse_manifest(raw: bytes, path: str) -> Manifest:
+    """Parse and validate the bytes of a manifest.json; `path` names it in errors."""
     try:
         data = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, duplicate keys

@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Collection
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -29,12 +30,15 @@ from typing import Any
 
 from ingot.artifacts.digest import sha256_bytes, sha256_file
 from ingot.artifacts.errors import ArtifactError
-from ingot.artifacts.manifest import Manifest, read_manifest_bytes
+from ingot.artifacts.fingerprint import save_fingerprints, take_fingerprints
+from ingot.artifacts.manifest import Manifest, parse_manifest, read_manifest_bytes
+from ingot.artifacts.partial import PartialRecord, read_partial
 from ingot.artifacts.paths import MANIFEST_NAME, SIGNATURE_NAME, display_path, unsafe_path_reason
 from ingot.artifacts.reference import parse_reference
 from ingot.artifacts.registry_client import RegistryClient, Retry
-from ingot.artifacts.store import BlobStore, FileBlob, materialize
-from ingot.artifacts.verify import verify_artifact
+from ingot.artifacts.roles import check_roles, files_with_roles
+from ingot.artifacts.store import BlobStore, FileBlob, materialize, verify_stored
+from ingot.artifacts.verify import check_artifact
 
 __all__ = [
     "ARTIFACT_TYPE",
@@ -63,6 +67,7 @@ TITLE = "org.opencontainers.image.title"
 
 _MAX_MANIFEST_BYTES = 4 << 20  # the OCI distribution spec's own limit for manifests
 _MAX_CONFIG_BYTES = 1 << 20
+_MAX_ARTIFACT_MANIFEST_BYTES = 64 << 20  # manifest.py's own limit
 _MAX_LAYERS = 100_000
 _SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
 _CONFIG_SUFFIXES = frozenset({".json", ".jinja", ".lock", ".sig", ".yaml", ".txt", ".model"})
@@ -85,6 +90,12 @@ class PullResult:
     reference: str  # host/repo@sha256:…
     digest: str  # of the OCI manifest
     downloaded_bytes: int  # 0 when every blob came from the store
+    manifest: Manifest  # the artifact's, its files verified at `path` (those present)
+    partial: PartialRecord | None = None  # what was not pulled; None: every file
+
+    @property
+    def absent(self) -> tuple[str, ...]:
+        return self.partial.absent if self.partial is not None else ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -92,6 +103,10 @@ class PullResult:
             "reference": self.reference,
             "digest": self.digest,
             "downloaded_bytes": self.downloaded_bytes,
+            "roles": sorted(
+                self.partial.roles if self.partial else {f.role for f in self.manifest.files}
+            ),
+            "absent": list(self.absent),
         }
 
 
@@ -117,7 +132,13 @@ def push(
     ref = parse_reference(reference)
     if ref.tag is None or ref.digest is not None:
         raise ArtifactError(f"{ref}: push to a tag (oci://host/repo:tag); the digest is computed")
-    manifest = verify_artifact(root)
+    verified = check_artifact(root)
+    if verified.absent:
+        raise ArtifactError(
+            f"{root}: a partial artifact ({len(verified.absent)} files not pulled, e.g. "
+            f"{verified.absent[0]}); push the whole artifact"
+        )
+    manifest = verified.manifest
     files = [(entry.path, entry.size, entry.sha256) for entry in manifest.files]
     manifest_data = read_manifest_bytes(root)
     files.append((MANIFEST_NAME, len(manifest_data), sha256_bytes(manifest_data)))
@@ -151,6 +172,11 @@ def push(
     return PushResult(ref.with_digest(digest).pinned(), digest, ref.tag)
 
 
+# What a pull fetches: None (every file), a set of roles, or a function of the artifact's
+# manifest giving one of those (the runtime's engine selection; artifacts/roles.py).
+Roles = Collection[str] | Callable[[Manifest], Collection[str] | None] | None
+
+
 def pull(
     reference: str,
     *,
@@ -159,16 +185,21 @@ def pull(
     insecure: bool = False,
     retry: Retry | None = None,
     check: Callable[[Path], object] | None = None,
+    roles: Roles = None,
     trust_existing: bool = False,
 ) -> PullResult:
     """Pull `reference` into the store and materialize it at `out` (default: in the store).
 
-    Blobs already in the store are not downloaded again, and a digest reference whose
-    artifact is already materialized in the store needs no network at all. `check(dir)` runs
-    after verification and before the directory is renamed into place (a signature check,
-    say); whatever it raises aborts the pull. `trust_existing` skips re-verifying an artifact
-    already materialized in the store, for a caller that verifies it next anyway (the loader).
+    First the OCI manifest, the artifact's manifest.json and model.sig; `check(dir)` runs on a
+    directory holding those two (a signature check, say) before any other blob is fetched, and
+    whatever it raises aborts the pull. Then only the files of `roles` (None: all), each hashed
+    as it streams in. Blobs already in the store are not downloaded again, and a digest
+    reference whose artifact is already materialized in the store with every file asked for
+    needs no network at all: its files are checked by their recorded stat (fingerprint.py),
+    re-hashing only those that changed. `trust_existing` is accepted for compatibility; that
+    check is always made.
     """
+    del trust_existing  # the stat check is cheap enough to make on every load
     ref = parse_reference(reference)
     store = store or BlobStore()
     data = store.read_blob(ref.digest, _MAX_MANIFEST_BYTES) if ref.digest else None
@@ -180,38 +211,128 @@ def pull(
     if ref.digest is not None and digest != ref.digest:
         raise ArtifactError(f"{ref}: the registry's manifest has digest {digest}; refused")
     pinned = ref.with_digest(digest)
-    config, files = parse_model_manifest(data, str(pinned))
+    config, blobs = parse_model_manifest(data, str(pinned))
+    fetcher = _Fetcher(store, pinned, client, insecure, retry)
+
+    heads = [b for b in blobs if b.path in (MANIFEST_NAME, SIGNATURE_NAME)]
+    fetcher.fetch([config, *heads])
+    manifest = _artifact_manifest(store, blobs, str(pinned))
+    if check is not None:
+        _check_heads(store, heads, check)
+    wanted = roles(manifest) if callable(roles) else roles
+    wanted = None if wanted is None else check_roles(manifest, wanted)
 
     target = Path(out) if out is not None else store.artifact_dir(digest)
+    have: set[str] = set()
     if out is None and (target / MANIFEST_NAME).is_file():
-        try:
-            if not trust_existing:
-                verify_artifact(target)
-            if check is not None:
-                check(target)
-            return PullResult(target, pinned.pinned(), digest, 0)
-        except ArtifactError:
-            shutil.rmtree(target)  # damaged since: materialize it again from checked blobs
-
-    downloaded = 0
-    for blob in [config, *files]:
-        if not store.has_blob(blob.digest, blob.size):
-            client = client or RegistryClient(pinned, insecure=insecure, retry=retry)
-            with store.open_partial(blob) as partial:
-                if not store.has_blob(blob.digest, blob.size):  # a concurrent pull finished it
-                    downloaded += blob.size - partial.offset
-                    client.fetch_blob(blob, partial)
+        have = _stored_files(target)
+        needed = {f.path for f in files_with_roles(manifest, wanted)}
+        if have and needed <= have:
+            record = read_partial(target)
+            downloaded = fetcher.downloaded  # manifest.json or model.sig, if they were not stored
+            return PullResult(target, pinned.pinned(), digest, downloaded, manifest, record)
+    paths = {f.path for f in files_with_roles(manifest, wanted)} | have
+    chosen = [b for b in blobs if b.path in paths or b in heads]
+    fetcher.fetch(chosen)
+    partial = _partial_record(manifest, blobs, chosen)
     try:
-        path = materialize(store, files, target, check=check)
+        materialize(store, chosen, target, partial=partial, checked=fetcher.checked)
     except ArtifactError:
         # A store blob damaged on disk since it was stored: drop it so the next pull refetches.
-        for blob in files:
+        for blob in chosen:
             stored = store.blob_path(blob.digest)
             if stored.is_file() and "sha256:" + sha256_file(stored) != blob.digest:
                 store.evict(blob.digest)
         raise
-    store.put_bytes(data)  # last: a stored manifest means all its blobs are stored too
-    return PullResult(path, pinned.pinned(), digest, downloaded)
+    if out is None:
+        keys = take_fingerprints(target, [b.path for b in chosen if b not in heads])
+        save_fingerprints(store.fingerprint_path(digest), _manifest_sha(heads), keys)
+    store.put_bytes(data)  # last: a digest reference then resolves without the registry
+    return PullResult(target, pinned.pinned(), digest, fetcher.downloaded, manifest, partial)
+
+
+class _Fetcher:
+    """Downloads blobs missing from the store, each hashed as it streams in."""
+
+    def __init__(self, store, pinned, client, insecure, retry) -> None:  # noqa: ANN001
+        self.store, self.pinned, self.client = store, pinned, client
+        self.insecure, self.retry = insecure, retry
+        self.downloaded = 0
+        self.checked: set[str] = set()  # digests hashed on their way in by this pull
+
+    def fetch(self, blobs: list[FileBlob]) -> None:
+        for blob in blobs:
+            if self.store.has_blob(blob.digest, blob.size):
+                continue
+            self.client = self.client or RegistryClient(
+                self.pinned, insecure=self.insecure, retry=self.retry
+            )
+            with self.store.open_partial(blob) as partial:
+                if not self.store.has_blob(blob.digest, blob.size):  # a concurrent pull did it
+                    self.downloaded += blob.size - partial.offset
+                    self.client.fetch_blob(blob, partial)
+                    self.checked.add(blob.digest)
+
+
+def _artifact_manifest(store: BlobStore, blobs: list[FileBlob], source: str) -> Manifest:
+    """manifest.json from the store, checked to describe exactly the OCI manifest's layers."""
+    head = next(b for b in blobs if b.path == MANIFEST_NAME)
+    raw = store.read_blob(head.digest, _MAX_ARTIFACT_MANIFEST_BYTES)
+    if raw is None:
+        raise ArtifactError(f"{source}: {MANIFEST_NAME} blob is damaged in the store; pull again")
+    manifest = parse_manifest(raw, f"{source} {MANIFEST_NAME}")
+    layers = {b.path: b for b in blobs if b.path not in (MANIFEST_NAME, SIGNATURE_NAME)}
+    problems = [
+        f"{f.path}: {MANIFEST_NAME} lists it as {f.size} bytes {f.sha256[:12]}…, the layer differs"
+        for f in manifest.files
+        if f.path in layers
+        and (layers[f.path].digest != "sha256:" + f.sha256 or layers[f.path].size != f.size)
+    ]
+    listed = {f.path for f in manifest.files}
+    problems += [f"{p}: a layer {MANIFEST_NAME} does not list" for p in layers if p not in listed]
+    problems += [f"{p}: listed in {MANIFEST_NAME} but no layer" for p in listed - set(layers)]
+    if problems:
+        raise ArtifactError.from_problems(f"{source}: manifest refused", problems)
+    return manifest
+
+
+def _check_heads(store: BlobStore, heads: list[FileBlob], check: Callable[[Path], object]) -> None:
+    """Run `check` on a directory of manifest.json and model.sig alone, before the rest."""
+    (store.root / "tmp").mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=store.root / "tmp", prefix="check-"))
+    try:
+        for blob in heads:  # small files: copies work on any filesystem
+            shutil.copyfile(store.blob_path(blob.digest), work / blob.path)
+        check(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _stored_files(target: Path) -> set[str]:
+    """The files of the store's artifact directory, checked by their recorded stat (files that
+    changed since are hashed again); empty, and the directory removed, if it does not verify."""
+    try:
+        verified = verify_stored(target)
+    except ArtifactError:
+        shutil.rmtree(target)  # damaged since: materialize it again from checked blobs
+        return set()
+    return {f.path for f in verified.manifest.files} - set(verified.absent)
+
+
+def _partial_record(
+    manifest: Manifest, blobs: list[FileBlob], chosen: list[FileBlob]
+) -> PartialRecord | None:
+    absent = sorted({b.path for b in blobs} - {b.path for b in chosen})
+    if not absent:
+        return None
+    present = {b.path for b in chosen}
+    roles = sorted({f.role for f in manifest.files if f.path in present})
+    raw_digest = next(b.digest for b in blobs if b.path == MANIFEST_NAME)
+    return PartialRecord(raw_digest, tuple(roles), tuple(absent))
+
+
+def _manifest_sha(heads: list[FileBlob]) -> str:
+    return next(b.digest for b in heads if b.path == MANIFEST_NAME)
 
 
 def parse_model_manifest(data: bytes, source: str) -> tuple[FileBlob, list[FileBlob]]:

@@ -3,6 +3,7 @@
     <root>/blobs/sha256/<hex>     complete blobs, size and sha256 checked before the rename
     <root>/tmp/<hex>.partial      a download in progress; the next pull resumes from its size
     <root>/artifacts/<hex>/       artifact directories materialized from OCI manifest <hex>
+    <root>/verified/<hex>.json    the stat of each of their files once verified (fingerprint.py)
 
 <root> is $INGOT_STORE_DIR, else $INGOT_CACHE_DIR, else ~/.cache/ingot. A blob only ever
 appears under blobs/ by an atomic rename of a file whose size and digest matched, so a crash or
@@ -20,14 +21,16 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingot.artifacts.digest import sha256_bytes
+from ingot.artifacts.digest import sha256_bytes, sha256_file
 from ingot.artifacts.errors import ArtifactError
+from ingot.artifacts.fingerprint import load_fingerprints, save_fingerprints, take_fingerprints
+from ingot.artifacts.partial import PartialRecord, write_partial
 from ingot.artifacts.paths import MANIFEST_NAME, display_path, safe_relative_path
-from ingot.artifacts.verify import verify_artifact
+from ingot.artifacts.verify import Verified, check_artifact
 
 __all__ = [
     "BlobStore",
@@ -35,6 +38,7 @@ __all__ = [
     "PartialBlob",
     "default_store_dir",
     "materialize",
+    "verify_stored",
 ]
 
 _CHUNK = 1 << 20
@@ -104,6 +108,10 @@ class BlobStore:
 
     def artifact_dir(self, manifest_digest: str) -> Path:
         return self.root / "artifacts" / _hex(manifest_digest)
+
+    def fingerprint_path(self, manifest_digest: str) -> Path:
+        """The verify-once record of artifact_dir(manifest_digest) (artifacts/fingerprint.py)."""
+        return self.root / "verified" / f"{_hex(manifest_digest)}.json"
 
     def _tmp_dir(self) -> Path:
         path = self.root / "tmp"
@@ -189,14 +197,19 @@ def materialize(
     out: Path | str,
     *,
     check: Callable[[Path], object] | None = None,
-) -> Path:
+    partial: PartialRecord | None = None,
+    checked: Collection[str] = (),
+) -> Verified:
     """Lay `files` out as an artifact directory at `out` from the store, then verify it.
 
     Files are hard links to the store's blobs where the filesystem allows (no copy, no extra
     space), else copies. The directory is assembled next to `out` and renamed into place only
-    after verify_artifact (and `check`, e.g. a signature check) passed, so `out` is never a
+    after check_artifact (and `check`, e.g. a signature check) passed, so `out` is never a
     half-written or unverified artifact. An existing empty directory (a volume mount point) is
     filled in place instead; an existing non-artifact directory is never overwritten.
+    `partial`: the record of the files left out (written beside manifest.json). `checked`: the
+    digests of blobs hashed on their way into the store by this very pull; their files are not
+    hashed again.
     """
     out = Path(out)
     in_place = out.is_dir() and not out.is_symlink() and not any(out.iterdir())
@@ -211,7 +224,13 @@ def materialize(
             target = safe_relative_path(work, f.path)
             target.parent.mkdir(parents=True, exist_ok=True)
             _link_or_copy(store.blob_path(f.digest), target)
-        verify_artifact(work)
+        if partial is not None:
+            write_partial(work, partial)
+        # After every link: a link to a blob changes its inode's ctime, so keys taken earlier
+        # would not match. Copies (another filesystem) are never trusted: they were not hashed.
+        fresh = [f.path for f in files if f.digest in checked]
+        linked = [p for p in fresh if os.lstat(work / p).st_nlink > 1]
+        verified = check_artifact(work, trusted=take_fingerprints(work, linked))
         if check is not None:
             check(work)
     except BaseException:
@@ -219,7 +238,26 @@ def materialize(
         raise
     if not in_place:
         _swap_into_place(work, out)
-    return out
+    return verified
+
+
+def verify_stored(root: Path, *, full: bool = False) -> Verified:
+    """check_artifact for `root`; where it is a store's artifact directory
+    (<store>/artifacts/<hex>) with a verify-once record, files whose stat still matches the
+    record are not re-hashed (unless `full`), and the record is refreshed for those that were.
+    """
+    root = Path(root)
+    hexname = root.name
+    record = root.parent.parent / "verified" / f"{hexname}.json"
+    in_store = root.parent.name == "artifacts" and _HEX64.fullmatch(hexname) is not None
+    if full or not in_store:
+        return check_artifact(root)
+    manifest_sha = "sha256:" + sha256_file(root / MANIFEST_NAME)
+    verified = check_artifact(root, trusted=load_fingerprints(record, manifest_sha))
+    if verified.hashed:  # a new key for what changed on disk but not in content
+        present = sorted({f.path for f in verified.manifest.files} - set(verified.absent))
+        save_fingerprints(record, verified.digest, take_fingerprints(root, present))
+    return verified
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

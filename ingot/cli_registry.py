@@ -53,27 +53,49 @@ def register(main: click.Group) -> None:
         "--verify-key", type=click.Path(exists=True, dir_okay=False), default=None,
         help="PEM public key: the artifact must carry a valid signature by it.",
     )  # fmt: skip
+    @click.option(
+        "--target", default=None,
+        help="Only what this engine runs, by name (onnxruntime-cpu) or kind (the first of that "
+        "kind): common files, its engine files, the roles its record reads, its draft files.",
+    )  # fmt: skip
+    @click.option(
+        "--role", "roles", multiple=True,
+        help="Only the files of this role (repeatable; with --target: as well), e.g. "
+        "interop:compressed-tensors, portable, eval. [default: every file]",
+    )  # fmt: skip
     @click.option("--insecure", is_flag=True, help=_INSECURE_HELP)
     @click.option("--json", "as_json", is_flag=True, help="Print path, reference and digest.")
     def pull(
-        reference: str, out: str | None, verify_key: str | None, insecure: bool, as_json: bool
+        reference: str,
+        out: str | None,
+        verify_key: str | None,
+        target: str | None,
+        roles: tuple[str, ...],
+        insecure: bool,
+        as_json: bool,
     ) -> None:
         """Pull REFERENCE (oci://HOST[:PORT]/REPO:TAG or …@sha256:DIGEST) into the local store
         ($INGOT_STORE_DIR, default ~/.cache/ingot) and lay it out as a verified artifact
-        directory. Interrupted pulls resume; nothing unverified is left at --out."""
+        directory. Interrupted pulls resume; nothing unverified is left at --out. With
+        --target or --role, only those files: the others are listed as absent in
+        ingot.partial.json, which `ingot verify` reads."""
         # requests and oras (with --verify-key, model_signing) load when the command runs
         from ingot.artifacts.oci import pull as run_pull
         from ingot.artifacts.signing import verify_signature
 
         check = (lambda root: verify_signature(root, verify_key)) if verify_key else None
+        selection = _selection(target, roles)
         try:
-            result = run_pull(reference, out=out, insecure=insecure, check=check)
+            result = run_pull(reference, out=out, insecure=insecure, check=check, roles=selection)
         except IngotError as e:  # a bad artifact, reference or registry
             raise UserError(f"pull of {reference} failed: {e}") from e
         if as_json:
             click.echo(json.dumps(result.to_json()))
-        else:
-            click.echo(f"{result.path}  {result.reference}")
+            return
+        click.echo(f"{result.path}  {result.reference}")
+        if result.partial is not None:
+            roles_pulled = ", ".join(sorted(result.partial.roles))
+            click.echo(f"  pulled {roles_pulled}; {len(result.absent)} files absent")
 
     @main.command()
     @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
@@ -93,3 +115,20 @@ def register(main: click.Group) -> None:
         except IngotError as e:  # a bad artifact, reference or registry
             raise UserError(f"signing {artifact} failed: {e}") from e
         click.echo(f"signed  {signature}")
+
+
+def _selection(target: str | None, roles: tuple[str, ...]):  # noqa: ANN202 - oci.Roles
+    """What `ingot pull` fetches: None (everything), or a function of the artifact's manifest
+    giving the roles of `--target`'s engine plus the `--role`s."""
+    if target is None and not roles:
+        return None
+    # the artifact modules load when the command runs (module docstring)
+    from ingot.artifacts.roles import check_roles, engine_roles, target_engine
+
+    def selection(manifest):  # noqa: ANN001, ANN202 - Manifest -> frozenset[str]
+        chosen = check_roles(manifest, roles)
+        if target is not None:
+            chosen |= engine_roles(manifest, target_engine(manifest, target))
+        return chosen
+
+    return selection

@@ -77,6 +77,14 @@ _SERVE_OPTIONS = (
     click.option(
         "--enable-prefix-caching/--no-enable-prefix-caching", default=True, show_default=True
     ),
+    click.option(
+        "--scheduling-policy",
+        default="fcfs",
+        show_default=True,
+        type=click.Choice(["fcfs", "priority"]),
+        help="fcfs: first come, first served. priority: by each request's `priority` (lower "
+        "first, ties by arrival); preemption takes the highest value, latest arrival.",
+    ),  # fmt: skip
     click.option("--served-model-name", default=None, help="Model id in the API (artifact name)."),
     click.option(
         "--request-timeout",
@@ -174,9 +182,7 @@ def serve(
     /v1/models, /health, /metrics) and vLLM's /tokenize, /detokenize, /version."""
     # The runtime (onnxruntime, numpy, pydantic) loads when the server starts, not for
     # `ingot --help` or another command.
-    from ingot.artifacts import ArtifactError, read_manifest
-    from ingot.artifacts.resolve import resolve_artifact
-    from ingot.artifacts.signing import check_signature
+    from ingot.artifacts import ArtifactError
     from ingot.runtime.engine_select import EngineUnavailable, select_engine
     from ingot.runtime.kv_pool import KVCacheAllocationFailed, KVCacheTooSmall
     from ingot.runtime.memory import format_bytes
@@ -186,10 +192,10 @@ def serve(
     template = _read_chat_template(Path(chat_template)) if chat_template else None
 
     try:
-        artifact = str(resolve_artifact(artifact))  # oci://…: pull, or reuse the store
-        check_signature(artifact, verify_key=verify_key)  # before anything is loaded
-        manifest = read_manifest(Path(artifact))
+        artifact, manifest = _resolved(artifact, verify_key, options["engine"])
         name = served_model_name or manifest.name
+    except EngineUnavailable as e:  # --engine names none of the artifact's, or one not here
+        raise UserError(f"--engine: {e}") from e
     except IngotError as e:  # a bad artifact, reference or registry
         raise UserError(f"refusing to serve {artifact}: {e}") from e
     try:  # before the server starts: a bad config is the user's flag, not a load failure
@@ -216,6 +222,28 @@ def serve(
     except ForcedShutdown as e:  # 128 + the signal: what a shell reports for a killed process
         click.secho(f"ingot serve: {e}", fg="red", err=True)
         raise SystemExit(128 + e.signal) from e
+
+
+def _resolved(artifact: str, verify_key: str | None, engine: str | None) -> tuple[str, Any]:
+    """(what the loader is given, the manifest): a directory as is, its signature checked; an
+    `oci://` reference pulled into the store for the engine this host runs (`--engine` narrows
+    it; its signature checked before the blobs are fetched), then given to the loader pinned by
+    digest, which finds it in the store and checks it by stat instead of re-hashing it."""
+    # the artifact modules load when the server starts, as in `serve`
+    from ingot.artifacts import read_manifest
+    from ingot.artifacts.reference import is_oci_reference
+    from ingot.artifacts.resolve import pull_reference
+    from ingot.artifacts.signing import check_signature
+    from ingot.runtime.engine_select import pull_roles
+
+    def check(root: Path) -> None:
+        check_signature(root, verify_key=verify_key)  # before anything is loaded
+
+    if is_oci_reference(artifact):
+        pulled = pull_reference(artifact, roles=pull_roles(engine), check=check)
+        return f"oci://{pulled.reference}", pulled.manifest
+    check(Path(artifact))
+    return artifact, read_manifest(Path(artifact))
 
 
 def _read_chat_template(path: Path) -> str:

@@ -13,12 +13,21 @@ naming the kinds it has.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
+
 from ingot.artifacts import EngineInfo, Manifest
+from ingot.artifacts.roles import engine_roles, files_with_roles
 from ingot.common.errors import IngotError
 from ingot.runtime.engines import ENGINE_RUNTIMES
 from ingot.runtime.engines.base import HostInfo
 
-__all__ = ["EngineUnavailable", "HostInfo", "NoCompatibleEngine", "select_engine"]
+__all__ = [
+    "EngineUnavailable",
+    "HostInfo",
+    "NoCompatibleEngine",
+    "pull_roles",
+    "select_engine",
+]
 
 
 class NoCompatibleEngine(IngotError, RuntimeError):
@@ -35,10 +44,14 @@ class EngineUnavailable(IngotError, ValueError):
 
 
 def select_engine(
-    manifest: Manifest, host: HostInfo | None = None, requested: str | None = None
+    manifest: Manifest,
+    host: HostInfo | None = None,
+    requested: str | None = None,
+    absent: Collection[str] = (),
 ) -> tuple[EngineInfo, list[str]]:
     """The engine to run (module docstring), and one line per engine skipped before it.
-    Without `host`, this host, with the versions of the libraries the engines' kinds read."""
+    Without `host`, this host, with the versions of the libraries the engines' kinds read.
+    `absent`: files a partial pull left out; an engine that reads one is skipped."""
     if host is None:
         kinds = [e.engine for e in manifest.engines if e.engine in ENGINE_RUNTIMES]
         libraries = (lib for kind in kinds for lib in ENGINE_RUNTIMES.get(kind).libraries)
@@ -53,7 +66,7 @@ def select_engine(
             )
     skipped: dict[str, list[str]] = {}
     for engine in candidates:
-        problems = _problems(engine, host)
+        problems = _not_pulled(manifest, engine, absent) or _problems(engine, host)
         if not problems:
             return engine, [f"{name}: {'; '.join(why)}" for name, why in skipped.items()]
         skipped[engine.name] = problems
@@ -64,6 +77,22 @@ def select_engine(
             f"{_listed(manifest.engines)}"
         )
     raise NoCompatibleEngine(skipped)
+
+
+def pull_roles(requested: str | None = None) -> Callable[[Manifest], frozenset[str]]:
+    """What a pull for this host fetches of an artifact: the roles of the engine select_engine
+    picks from its manifest (`requested` as `--engine`), before any other file is fetched."""
+    return lambda manifest: engine_roles(manifest, select_engine(manifest, requested=requested)[0])
+
+
+def _not_pulled(manifest: Manifest, engine: EngineInfo, absent: Collection[str]) -> list[str]:
+    if not absent:
+        return []
+    needed = files_with_roles(manifest, engine_roles(manifest, engine))
+    missing = [f.path for f in needed if f.path in absent]
+    if not missing:
+        return []
+    return [f"not pulled ({len(missing)} of its files are absent, e.g. {missing[0]})"]
 
 
 def _listed(engines: list[EngineInfo]) -> str:

@@ -11,15 +11,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ingot.artifacts import EngineInfo, Manifest, safe_relative_path, verify_artifact
-from ingot.artifacts.resolve import resolve_artifact
+from ingot.artifacts import EngineInfo, Manifest, safe_relative_path
+from ingot.artifacts.reference import is_oci_reference
+from ingot.artifacts.resolve import pull_reference
 from ingot.artifacts.signing import check_signature
-from ingot.runtime.engine_select import select_engine
+from ingot.artifacts.verify import check_artifact
+from ingot.runtime.engine_select import pull_roles, select_engine
 from ingot.runtime.engines.base import EngineRunner
 from ingot.runtime.generate import DEFAULT_MAX_NUM_SEQS, Generator, GeneratorConfig
 from ingot.runtime.kv_pool import KVCacheTooSmall, KVPool
 from ingot.runtime.loader import DrafterFiles, EngineFiles, open_engine
 from ingot.runtime.memory import available_memory, format_bytes
+from ingot.runtime.scheduler import SCHEDULING_POLICIES
 from ingot.runtime.serving_plan import engine_file_bytes
 from ingot.runtime.speculative import Speculation, SpeculativeConfig
 from ingot.runtime.speculative.eagle import EagleDraft
@@ -50,6 +53,7 @@ class LoadedModel:
     max_num_seqs: int
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"  # or "priority" (scheduler.SCHEDULING_POLICIES)
     speculative: SpeculativeConfig | None = None
     draft: DraftModel | None = None  # the draft engine, with speculative method draft_model
     heads: MedusaHeads | None = None  # the Medusa heads, with speculative method medusa
@@ -72,9 +76,13 @@ class LoadedModel:
         speculative_config: dict[str, Any] | bool | None = None,
         spinning: bool = True,
         engine: str | None = None,
+        scheduling_policy: str = "fcfs",
     ) -> LoadedModel:
         """Verify the artifact at `path` (a directory or an `oci://` reference, pulled into the
-        local store first), then load it.
+        local store first), then load it. A directory's files are all hashed; a reference
+        pulls only the files of the engine this host would run (`engine` narrows it), checked
+        as they stream in, and a load from the store compares each file's recorded stat
+        instead of re-hashing it (artifacts/fingerprint.py).
 
         With `verify_key` (a PEM public key) model.sig must be a valid signature by its
         private key, else the artifact is refused before anything is loaded; see
@@ -95,7 +103,8 @@ class LoadedModel:
         Runtime's threads sleep between calls instead of spinning, each on a core, while they
         wait (benchmarks/serve_overhead.py compares the two under `ingot serve`). `engine`:
         the artifact's engine of that name ("openvino-cpu") or kind ("openvino") instead of
-        the first compatible one in its order (engine_select.py).
+        the first compatible one in its order (engine_select.py). `scheduling_policy`:
+        "fcfs" or "priority" (scheduler.py), vLLM's `--scheduling-policy`.
 
         `speculative_config` (vLLM's keys: method, num_speculative_tokens, prompt_lookup_min,
         prompt_lookup_max, and ingot's disable_by_batch_size, min_acceptance_rate,
@@ -107,8 +116,13 @@ class LoadedModel:
         the target's features (its session binds `aux_hidden`) and has a one-layer float32
         pool of as many blocks as the target's, which the budget pays for too.
         """
-        root, manifest = _verified(path, verify_key, require_signature)
-        selected = _selected_engine(manifest, engine)
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy {scheduling_policy!r} is not one of "
+                f"{', '.join(SCHEDULING_POLICIES)}"
+            )
+        root, manifest, absent = _verified(path, verify_key, require_signature, engine)
+        selected = _selected_engine(manifest, engine, absent)
         speculative = resolve_config(manifest, speculative_config)
         target = _engine_files(root, manifest, selected)
         drafter = drafter_files(root, manifest, selected.name, speculative)
@@ -131,6 +145,7 @@ class LoadedModel:
             max_num_seqs,
             max_num_batched_tokens,
             enable_prefix_caching,
+            scheduling_policy,
             speculative,
             opened.draft,
             opened.heads,
@@ -150,6 +165,7 @@ class LoadedModel:
             max_num_batched_tokens=max_num_batched_tokens or self.max_num_batched_tokens,
             enable_prefix_caching=self.enable_prefix_caching,
             vocab_size=self.manifest.model.vocab_size,
+            scheduling_policy=self.scheduling_policy,
         )
         speculation = None
         if self.speculative is not None:
@@ -161,17 +177,30 @@ class LoadedModel:
 
 
 def _verified(
-    path: Path | str, verify_key: Path | str | None, require_signature: bool | None
-) -> tuple[Path, Manifest]:
-    """The artifact's directory (an `oci://` reference pulled into the local store first) and
-    its manifest, its signature checked as asked and its files verified before any is opened."""
-    root = resolve_artifact(path)
-    check_signature(root, verify_key=verify_key, require=require_signature)
-    return root, verify_artifact(root)
+    path: Path | str,
+    verify_key: Path | str | None,
+    require_signature: bool | None,
+    engine: str | None,
+) -> tuple[Path, Manifest, tuple[str, ...]]:
+    """The artifact's directory (an `oci://` reference pulled into the local store first), its
+    manifest and the files a partial pull left out; its signature checked as asked and its
+    files verified before any is opened."""
+
+    def check(root: Path) -> None:
+        check_signature(root, verify_key=verify_key, require=require_signature)
+
+    if is_oci_reference(path):  # the signature before any blob but manifest.json is fetched
+        pulled = pull_reference(str(path), roles=pull_roles(engine), check=check)
+        return pulled.path, pulled.manifest, pulled.absent
+    check(Path(path))
+    verified = check_artifact(path)
+    return Path(path), verified.manifest, verified.absent
 
 
-def _selected_engine(manifest: Manifest, requested: str | None) -> EngineInfo:
-    engine, skipped = select_engine(manifest, requested=requested)
+def _selected_engine(
+    manifest: Manifest, requested: str | None, absent: tuple[str, ...]
+) -> EngineInfo:
+    engine, skipped = select_engine(manifest, requested=requested, absent=absent)
     log.info("engine %s (%s on %s) selected", engine.name, engine.engine, engine.device)
     for reason in skipped:
         log.info("engine skipped: %s", reason)

@@ -107,6 +107,7 @@ def test_the_engine_is_the_graph_checked_against_the_ir(fp32_build):
             "num_threads": 0,
         },
         "build": {"openvino": engine["build"]["openvino"], "weights": "the portable graph's"},
+        "reads": ["portable"],  # what `ingot pull --target openvino-cpu` fetches with it
     }
     files = {f["path"] for f in manifest["files"]}
     assert not any(f.startswith("engines/openvino-cpu") for f in files)

@@ -60,6 +60,7 @@ def openvino_record(target: OpenVinoTarget, graph_name: str, kv_dtype: str) -> d
         "requires": {"openvino": openvino_requires(version)},
         "session_options": session_options(target, kv_dtype),
         "build": {"openvino": version, "weights": "the portable graph's"},
+        "reads": ["portable"],  # `ingot pull --target` fetches the graph it rebuilds from
     }
 
 
