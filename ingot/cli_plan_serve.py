@@ -81,7 +81,8 @@ def plan_serve(artifact: str, *, as_json: bool, **options: Any) -> None:
         max_num_batched_tokens=options["max_num_batched_tokens"],
     )
     try:
-        manifest = read_manifest(Path(resolve_artifact(artifact)))
+        # oci://: the manifest and the `common` files only; the plan reads no weight
+        manifest = read_manifest(Path(resolve_artifact(artifact, roles={"common"})))
         plan = plan_serving(manifest, request)
     except IngotError as e:
         raise UserError(f"ingot plan {artifact}: {e}") from e

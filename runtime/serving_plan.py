@@ -190,10 +190,12 @@ def planned_engine(manifest: Manifest, requested: str | None) -> EngineInfo:
 
 
 def engine_file_bytes(manifest: Manifest, engine: EngineInfo) -> int:
-    """The bytes of the files `engine` reads: its record's file and those beside it with its
-    name as their prefix (engines/<name>/..., or model.onnx and model.onnx.data)."""
-    head = engine.path.rsplit("/", 1)[0] + "/" if "/" in engine.path else engine.path
-    return sum(f.size for f in manifest.files if f.path.startswith(head))
+    """The bytes of the files `engine` builds its model from: its own role's
+    (`engine:<name>`), the roles its record reads (openvino: `portable`) and that of the file
+    its path names (a record written before `reads`); not `common`, drafts or evaluation."""
+    named = {f.role for f in manifest.files if f.path == engine.path}
+    roles = {f"engine:{engine.name}", *engine.reads, *named}
+    return sum(f.size for f in manifest.files if f.role in roles)
 
 
 def exact_size(n: int) -> str:
