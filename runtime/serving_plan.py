@@ -103,16 +103,16 @@ class ServingPlan:
         }
 
     def lines(self) -> list[str]:
-        mib = format_bytes
+        size = format_bytes
         return [
             f"engine {self.engine} ({self.kind})",
-            f"  weights resident   {mib(self.weights):>10}  (files {mib(self.weight_files)})",
-            f"  engine overhead    {mib(self.overhead):>10}  ({self.overhead_model})",
-            f"  KV cache           {mib(self.kv_cache_memory):>10}  {self.kv_bytes_per_token} "
+            f"  weights resident   {size(self.weights):>10}  (files {size(self.weight_files)})",
+            f"  engine overhead    {size(self.overhead):>10}  ({self.overhead_model})",
+            f"  KV cache           {size(self.kv_cache_memory):>10}  {self.kv_bytes_per_token} "
             f"bytes/token ({self.kv_dtype}, blocks of {self.kv_block_size}): "
             f"{self.sequences} sequences of {self.max_seq_len} tokens",
-            f"  resident total     {mib(self.resident):>10}  (+{MARGIN:.0%} margin <= "
-            f"--memory {mib(self.memory)}; for sequences up to {self.max_seq_len} tokens)",
+            f"  resident total     {size(self.resident):>10}  (+{MARGIN:.0%} margin <= "
+            f"--memory {size(self.memory)}; for sequences up to {self.max_seq_len} tokens)",
             "serve with:",
             "  ingot serve ARTIFACT " + " ".join(self.serve_args()),
             f"container memory: request {self.memory_request // _MIB}Mi, limit "
