@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 
-from ingot.cli_errors import UserError
 from ingot.cli_plan_serve import SERVE_OPTIONS, plan_serve
 
 __all__ = ["register"]
@@ -54,13 +53,16 @@ def register(main: click.Group) -> None:
         or oci://...) and --serve: the memory `ingot serve` holds and the KV cache --memory
         leaves (weights, engine overhead, KV bytes per token, sequences that fit, the options
         to serve with, the container's memory request and limit)."""
-        if (artifact is None) == (recipe_path is None):
-            raise UserError("ingot plan: give --recipe RECIPE (a build) or ARTIFACT --serve")
+        if (artifact is None) == (recipe_path is None):  # a usage error, as click's own
+            raise click.UsageError(
+                "Missing option '--recipe' (plan a build), or ARTIFACT --serve (plan serving "
+                "it); not both"
+            )
         if artifact is not None:
             plan_serve(artifact, as_json=as_json, **serve)
             return
         if serve["serve"]:
-            raise UserError("--serve plans an artifact: ingot plan ARTIFACT --serve ...")
+            raise click.UsageError("--serve plans an artifact: ingot plan ARTIFACT --serve ...")
         # torch (the plan's model sizes) loads when the command runs, not for `ingot --help`
         from ingot.pipeline.cache import StageCache
         from ingot.pipeline.plan import format_bytes, format_seconds, plan_build, read_hf_config

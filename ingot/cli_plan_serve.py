@@ -72,7 +72,7 @@ def plan_serve(artifact: str, *, as_json: bool, **options: Any) -> None:
     from ingot.runtime.serving_plan import ServingRequest, plan_serving
 
     if not options["serve"] or options["memory"] is None:
-        raise UserError("ingot plan ARTIFACT: give --serve --memory SIZE (e.g. 16GiB)")
+        raise click.UsageError("ingot plan ARTIFACT: give --serve --memory SIZE (e.g. 16GiB)")
     request = ServingRequest(
         memory=options["memory"],
         max_seq_len=options["max_seq_len"],

@@ -119,18 +119,19 @@ def test_plan_serve_json_and_text(demo_artifact):
 
 
 @pytest.mark.parametrize(
-    ("args", "error"),
+    ("args", "code", "error"),
     [
-        (["ARTIFACT"], "give --serve --memory SIZE"),
-        (["ARTIFACT", "--serve"], "give --serve --memory SIZE"),
-        (["ARTIFACT", "--recipe", "recipes/demo.yaml"], "give --recipe RECIPE (a build) or"),
-        (["ARTIFACT", "--serve", "--memory", "100MiB"], "--memory 100MiB is too small"),
+        (["ARTIFACT"], 2, "give --serve --memory SIZE"),
+        (["ARTIFACT", "--serve"], 2, "give --serve --memory SIZE"),
+        (["ARTIFACT", "--recipe", "recipes/demo.yaml"], 2, "or ARTIFACT --serve (plan serving"),
+        (["--recipe", "recipes/demo.yaml", "--serve"], 2, "--serve plans an artifact"),
+        (["ARTIFACT", "--serve", "--memory", "100MiB"], 1, "--memory 100MiB is too small"),
     ],
 )
-def test_plan_serve_errors(demo_artifact, args, error):
+def test_plan_serve_errors(demo_artifact, args, code, error):
     args = [str(demo_artifact) if a == "ARTIFACT" else a for a in args]
     result = CliRunner().invoke(main, ["plan", *args])
-    assert result.exit_code == 1 and error in result.output, result.output
+    assert result.exit_code == code and error in result.output, result.output
 
 
 def test_plan_serve_imports_nothing_of_the_build(demo_artifact):
