@@ -1,19 +1,29 @@
 """`ingot plan`: the memory and time a build will need, printed before any work, and what
-this machine has of each."""
+this machine has of each; `ingot plan ARTIFACT --serve` the memory serving it takes
+(cli_plan_serve.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
+
+from ingot.cli_plan_serve import SERVE_OPTIONS, plan_serve
 
 __all__ = ["register"]
 
 
 def register(main: click.Group) -> None:
     @main.command()
-    @click.option("--recipe", "recipe_path", required=True, type=click.Path(dir_okay=False))
+    @click.argument("artifact", required=False)
+    @click.option(
+        "--recipe",
+        "recipe_path",
+        type=click.Path(dir_okay=False),
+        help="The recipe whose build to plan.",
+    )
     @click.option(
         "--config",
         "config_path",
@@ -28,15 +38,31 @@ def register(main: click.Group) -> None:
         "--cache-dir", type=click.Path(file_okay=False), help="Stage cache (~/.cache/ingot)."
     )
     @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
+    @_with(SERVE_OPTIONS)
     def plan(
-        recipe_path: str,
+        artifact: str | None,
+        recipe_path: str | None,
         config_path: str | None,
         out: str | None,
         cache_dir: str | None,
         as_json: bool,
+        **serve: Any,
     ) -> None:
         """Estimate peak memory and time per stage (from config.json and the recipe only),
-        and check RAM, GPU memory and disk against this machine."""
+        and check RAM, GPU memory and disk against this machine. With ARTIFACT (a directory
+        or oci://...) and --serve: the memory `ingot serve` holds and the KV cache --memory
+        leaves (weights, engine overhead, KV bytes per token, sequences that fit, the options
+        to serve with, the container's memory request and limit)."""
+        if (artifact is None) == (recipe_path is None):  # a usage error, as click's own
+            raise click.UsageError(
+                "Missing option '--recipe' (plan a build), or ARTIFACT --serve (plan serving "
+                "it); not both"
+            )
+        if artifact is not None:
+            plan_serve(artifact, as_json=as_json, **serve)
+            return
+        if serve["serve"]:
+            raise click.UsageError("--serve plans an artifact: ingot plan ARTIFACT --serve ...")
         # torch (the plan's model sizes) loads when the command runs, not for `ingot --help`
         from ingot.pipeline.cache import StageCache
         from ingot.pipeline.plan import format_bytes, format_seconds, plan_build, read_hf_config
@@ -81,6 +107,15 @@ def register(main: click.Group) -> None:
         for line in resources.lines():
             click.echo(f"  {line}")
         click.echo(f"  {resources.verdict()}")
+
+
+def _with(options: tuple) -> Any:
+    def apply(command: Any) -> Any:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
 
 
 def _model_line(model: dict) -> str:

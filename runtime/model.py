@@ -23,6 +23,7 @@ from ingot.runtime.kv_pool import KVCacheTooSmall, KVPool
 from ingot.runtime.loader import DrafterFiles, EngineFiles, open_engine
 from ingot.runtime.memory import available_memory, format_bytes
 from ingot.runtime.scheduler import SCHEDULING_POLICIES
+from ingot.runtime.serving_plan import engine_file_bytes
 from ingot.runtime.speculative import Speculation, SpeculativeConfig
 from ingot.runtime.speculative.eagle import EagleDraft
 from ingot.runtime.speculative.load import DraftModel, make_drafter, resolve_config
@@ -327,6 +328,4 @@ def _available_after_weights(manifest: Manifest, engine: EngineInfo) -> int | No
     available = available_memory()
     if available is None:
         return None
-    engine_dir = engine.path.rsplit("/", 1)[0] + "/" if "/" in engine.path else engine.path
-    weights = sum(f.size for f in manifest.files if f.path.startswith(engine_dir))
-    return max(0, available - weights)
+    return max(0, available - engine_file_bytes(manifest, engine))

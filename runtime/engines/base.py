@@ -23,6 +23,7 @@ import numpy as np
 from ingot.artifacts import EngineInfo, GraphInfo
 from ingot.common.errors import IngotError
 from ingot.runtime.batch import Batch
+from ingot.runtime.engines.resident import ResidentMemory, ServingShape
 from ingot.runtime.kv_pool import KVLayout, KVPool
 
 __all__ = [
@@ -152,6 +153,11 @@ class EngineRuntime(Protocol):
 
     def kv_layout(self, graph: GraphInfo, engine: EngineInfo) -> KVLayout:
         """The pool ``engine``'s session reads, for the graph interface it was built from."""
+        ...
+
+    def resident_memory(self, engine: EngineInfo, shape: ServingShape) -> ResidentMemory:
+        """What a server running ``engine`` holds besides its KV pool (resident.py's model,
+        with this kind's measured coefficients): the serving plan's weights and overhead."""
         ...
 
     def open(

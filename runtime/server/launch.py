@@ -35,11 +35,18 @@ from ingot.runtime.server.middleware import DEFAULT_MAX_REQUEST_BYTES
 from ingot.runtime.server.server import IngotServer
 from ingot.runtime.server.stream import ServedModel
 
-__all__ = ["ForcedShutdown", "ServeOptions", "load_served_model", "run_server", "uvicorn_config"]
+__all__ = [
+    "SHUTDOWN_BACKSTOP_S",
+    "ForcedShutdown",
+    "ServeOptions",
+    "load_served_model",
+    "run_server",
+    "uvicorn_config",
+]
 
 log = logging.getLogger(__name__)
 
-_BACKSTOP_S = 5.0
+SHUTDOWN_BACKSTOP_S = 5.0  # uvicorn's own shutdown timeout past the grace period
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +176,7 @@ def uvicorn_config(app: Any, options: ServeOptions) -> uvicorn.Config:
         timeout_keep_alive=options.keep_alive_timeout,
         # AsyncLLM ends what runs past the grace period (503); uvicorn's own timeout is
         # only the backstop for a connection that still does not close.
-        timeout_graceful_shutdown=options.shutdown_grace + _BACKSTOP_S,
+        timeout_graceful_shutdown=options.shutdown_grace + SHUTDOWN_BACKSTOP_S,
         access_log=False,
     )
 

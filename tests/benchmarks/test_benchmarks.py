@@ -27,6 +27,7 @@ BENCHMARKS = {
     "benchmarks.serve.serve_stall": (["serve_stall"], None, "_markdown"),
     "benchmarks.serve.soak": (["soak"], None, "_markdown"),
     "benchmarks.serve.pull": (["pull"], None, "_markdown"),
+    "benchmarks.serve.serving_plan": (["serving_plan"], None, "markdown"),
     "benchmarks.serve.http_engines": (
         ["serve_engines"],
         "benchmarks.serve.http_report",

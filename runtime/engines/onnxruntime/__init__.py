@@ -14,9 +14,21 @@ from ingot.artifacts import EngineInfo, GraphInfo
 from ingot.runtime.engines.base import HostInfo, SessionSettings
 from ingot.runtime.engines.onnxruntime.compat import problems
 from ingot.runtime.engines.onnxruntime.session import EngineSession
+from ingot.runtime.engines.resident import ResidentMemory, ResidentModel, ServingShape
 from ingot.runtime.kv_pool import KVLayout, KVPool, kv_numpy_dtype
 
 __all__ = ["PLUGIN", "OnnxRuntimeEngine"]
+
+# Fitted to `ingot serve` with its KV cache full (the demo and the 1B shape, RTN int4,
+# --max-num-batched-tokens 2048, 2 threads; checked in benchmarks/results/serving_plan.md): its
+# RSS once loaded, less the pool, demo 129 MiB, 1B 1018 MiB (the engine's files: 7 and 870
+# MiB); what filling the cache added, over one step's attention scores: demo 4.5x, 1B 5.0x.
+RESIDENT = ResidentModel(
+    base_bytes=122 << 20,
+    weights_factor=1.03,
+    attention_buffers=5.0,
+    source="fitted in benchmarks/results/serving_plan.md",
+)
 
 
 class OnnxRuntimeEngine:
@@ -32,6 +44,9 @@ class OnnxRuntimeEngine:
         # The engine is the exported graph optimized: its pool inputs are the graph's.
         shape = (graph.num_layers, graph.kv_block_size, graph.num_kv_heads, graph.head_dim)
         return KVLayout(*shape, kv_numpy_dtype(graph.kv_dtype))
+
+    def resident_memory(self, engine: EngineInfo, shape: ServingShape) -> ResidentMemory:
+        return RESIDENT.estimate(shape)
 
     def open(
         self, path: Path, engine: EngineInfo, pool: KVPool, settings: SessionSettings

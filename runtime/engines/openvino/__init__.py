@@ -22,12 +22,25 @@ from ingot.runtime.engines.base import HostInfo, SessionError, SessionSettings
 from ingot.runtime.engines.openvino.compat import problems
 from ingot.runtime.engines.openvino.layout import kv_layout
 from ingot.runtime.engines.openvino.options import CompileOptions
+from ingot.runtime.engines.resident import ResidentMemory, ResidentModel, ServingShape
 from ingot.runtime.kv_pool import KVLayout, KVPool
 
 if TYPE_CHECKING:
     from ingot.runtime.engines.openvino.session import OpenVinoSession
 
 __all__ = ["PLUGIN", "OpenVinoEngine"]
+
+# Fitted to `ingot serve` with its KV cache full (the demo and the 1B shape, RTN int4,
+# --max-num-batched-tokens 2048, 2 threads; checked in benchmarks/results/serving_plan.md): its
+# RSS once loaded, less the pool, demo 179 MiB, 1B 2376 MiB (the portable graph's files, 7 and
+# 870 MiB: kept mapped, plus the compiled model's own copy); what filling the cache added, over
+# one step's attention scores: demo 2.0x, 1B 2.1x.
+RESIDENT = ResidentModel(
+    base_bytes=161 << 20,
+    weights_factor=2.55,
+    attention_buffers=2.1,
+    source="fitted in benchmarks/results/serving_plan.md",
+)
 
 # The pool's numpy dtype -> the cache precision it holds (layout.CACHE_DTYPES reversed).
 _PRECISION_OF = {"float32": "f32", "float16": "f16", "uint8": "u8"}
@@ -45,6 +58,9 @@ class OpenVinoEngine:
     def kv_layout(self, graph: GraphInfo, engine: EngineInfo) -> KVLayout:
         options = CompileOptions.parse(engine.session_options)
         return kv_layout(graph, options.kv_precision(graph.kv_dtype))
+
+    def resident_memory(self, engine: EngineInfo, shape: ServingShape) -> ResidentMemory:
+        return RESIDENT.estimate(shape)
 
     def open(
         self, path: Path, engine: EngineInfo, pool: KVPool, settings: SessionSettings
