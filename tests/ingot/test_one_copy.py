@@ -129,3 +129,21 @@ def test_a_load_maps_the_engines_weights_file(tiny):
     model = LoadedModel.load(artifact)
     assert data in Path("/proc/self/maps").read_text()
     del model
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads Linux's /proc fds")
+def test_a_load_reads_the_engines_weights_ahead(tiny, monkeypatch):
+    import os
+
+    asked: list[tuple[str, int]] = []
+    real = os.posix_fadvise
+
+    def recording(fd, offset, length, advice):
+        asked.append((os.readlink(f"/proc/self/fd/{fd}"), advice))
+        return real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    artifact = tiny("one", [ORT_EXACT])
+    LoadedModel.load(artifact)
+    data = str((artifact / f"{ORT_FILE}.data").resolve())
+    assert (data, os.POSIX_FADV_WILLNEED) in asked
