@@ -44,6 +44,8 @@ BENCHMARKS = {
     "benchmarks.quantize.auto_precision": (["auto_precision"], None, "_markdown"),
     "benchmarks.scale.scale": (["scale", "scale-ortgenai-8b"], None, "_markdown"),
     "benchmarks.scale.registry": (["registry"], None, "_markdown"),
+    "benchmarks.scale.coldstart": (["coldstart"], None, "_markdown"),
+    "benchmarks.scale.artifact_bytes": (["artifact_bytes"], None, "_markdown"),
     "benchmarks.speculative.speculative": (
         ["speculative", "speculative_openvino"],
         "benchmarks.speculative.report",
