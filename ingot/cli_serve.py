@@ -77,6 +77,14 @@ _SERVE_OPTIONS = (
     click.option(
         "--enable-prefix-caching/--no-enable-prefix-caching", default=True, show_default=True
     ),
+    click.option(
+        "--scheduling-policy",
+        default="fcfs",
+        show_default=True,
+        type=click.Choice(["fcfs", "priority"]),
+        help="fcfs: first come, first served. priority: by each request's `priority` (lower "
+        "first, ties by arrival); preemption takes the highest value, latest arrival.",
+    ),  # fmt: skip
     click.option("--served-model-name", default=None, help="Model id in the API (artifact name)."),
     click.option(
         "--request-timeout",

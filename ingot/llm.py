@@ -73,6 +73,7 @@ class LLM:
         speculative_config: dict[str, Any] | bool | None = None,
         chat_template: str | Path | None = None,
         engine: str | None = None,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         """`kv_cache_memory`: bytes of KV cache (keys and values of every layer); None sizes it
         from available memory (half of it, at most `max_num_seqs` sequences of max_seq_len).
@@ -86,7 +87,10 @@ class LLM:
         ChatTemplateError.
         `engine`: the artifact's engine to run, by name ("openvino-cpu") or kind ("openvino"),
         instead of the first one this host runs in the artifact's recorded order; an engine it
-        does not have, or one that cannot run here, raises EngineUnavailable."""
+        does not have, or one that cannot run here, raises EngineUnavailable.
+        `scheduling_policy`: "fcfs" (default) or "priority", vLLM's: with "priority",
+        `generate`'s `priority` orders the requests (lower first) and picks whom preemption
+        takes (the highest value, latest arrival); under "fcfs" priorities are ignored."""
         template = None if chat_template is None else load_chat_template(chat_template)
         try:
             self.model = LoadedModel.load(
@@ -98,6 +102,7 @@ class LLM:
                 enable_prefix_caching=enable_prefix_caching,
                 speculative_config=speculative_config,
                 engine=engine,
+                scheduling_policy=scheduling_policy,
             )
         except KVCacheTooSmall as e:  # in this API's words: kv_cache_memory, not pool blocks
             raise e.worded("kv_cache_memory", f"kv_cache_memory={kv_cache_memory}") from e
@@ -111,13 +116,15 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        priority: int | Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Complete every prompt, batched; results in the order of `prompts`."""
+        """Complete every prompt, batched; results in the order of `prompts`. `priority`
+        (vLLM's: one per prompt, or one for all) matters under the "priority" policy."""
         if isinstance(prompts, str | dict):
             prompts = [prompts]
         texts = [p if isinstance(p, str) else None for p in prompts]
         ids = [self._prompt_ids(p) for p in prompts]
-        return self._run(texts, ids, sampling_params)
+        return self._run(texts, ids, sampling_params, priority)
 
     def chat(
         self,
@@ -148,15 +155,25 @@ class LLM:
         texts: list[str | None],
         ids: list[list[int]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        priority: int | Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         params = sampling_params or SamplingParams()
         per_prompt = params if isinstance(params, Sequence) else [params] * len(ids)
         if len(per_prompt) != len(ids):
             raise ValueError(f"{len(per_prompt)} sampling params for {len(ids)} prompts")
+        priority = 0 if priority is None else priority
+        priorities = priority if isinstance(priority, Sequence) else [priority] * len(ids)
+        if len(priorities) != len(ids):
+            raise ValueError(f"{len(priorities)} priorities for {len(ids)} prompts")
         # One generator request per sample, all batched together.
         samples = [fan_out(p) for p in per_prompt]
         flat_ids = [i for i, fan in zip(ids, samples, strict=True) for _ in fan]
-        completions = iter(self.generator.generate(flat_ids, [q for fan in samples for q in fan]))
+        flat_priority = [r for r, fan in zip(priorities, samples, strict=True) for _ in fan]
+        completions = iter(
+            self.generator.generate(
+                flat_ids, [q for fan in samples for q in fan], priority=flat_priority
+            )
+        )
         outputs = []
         for text, prompt_ids, p, fan in zip(texts, ids, per_prompt, samples, strict=True):
             best = pick_best([next(completions) for _ in fan], p.n)

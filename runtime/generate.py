@@ -110,6 +110,7 @@ class GeneratorConfig:
     max_num_batched_tokens: int = 2048  # tokens per step: decodes + the padded prefill chunk
     enable_prefix_caching: bool = True
     vocab_size: int | None = None  # prompt token ids are checked against it when known
+    scheduling_policy: str = "fcfs"  # "fcfs" | "priority" (scheduler.SCHEDULING_POLICIES)
 
 
 @dataclass(slots=True, eq=False)
@@ -135,6 +136,14 @@ class _Request:
     @property
     def output_ids(self) -> list[int]:
         return self.seq.token_ids[self.seq.num_prompt_tokens :]
+
+
+def _freeing_window(window: int | None, speculation: Speculation | None) -> int | None:
+    """The window outside which the scheduler gives blocks back: the model's, unless the
+    drafter attends past it (an EAGLE-3 draft layer reads every position it holds)."""
+    if speculation is not None and not speculation.drafter.windowed:
+        return None
+    return window
 
 
 class Generator:
@@ -167,6 +176,8 @@ class Generator:
             config.max_num_batched_tokens,
             config.enable_prefix_caching,
             on_preempt=self._preempted,
+            policy=config.scheduling_policy,
+            sliding_window=_freeing_window(config.sliding_window, speculation),
         )
         # Plain decode calls: the last one's arrays, advanced in place while the batch holds.
         self._decode_inputs = DecodeInputs(config.sliding_window, self._scratch)
@@ -193,8 +204,12 @@ class Generator:
         prompt_ids: Sequence[int],
         params: SamplingParams | None = None,
         request_id: int | None = None,
+        priority: int = 0,
     ) -> int:
-        """Queue a prompt; returns its request id. Generation stops at the context length."""
+        """Queue a prompt; returns its request id. Generation stops at the context length.
+
+        `priority`: lower is served first under the "priority" scheduling policy, ties by
+        arrival; under "fcfs" it is ignored, as vLLM ignores it."""
         prompt_ids = [int(t) for t in prompt_ids]
         self._check_prompt(prompt_ids)
         params = params or SamplingParams()
@@ -215,6 +230,7 @@ class Generator:
             except ValueError as e:
                 raise RequestError(str(e)) from e
         seq = SequenceState(request_id, prompt_ids, len(prompt_ids), self.pool.new_block_table())
+        seq.priority = priority
         self._requests[request_id] = _Request(
             seq=seq,
             params=params,
@@ -297,13 +313,20 @@ class Generator:
         self,
         prompts: Sequence[str] | Sequence[Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        priority: int | Sequence[int] = 0,
     ) -> list[Completion]:
-        """Run `prompts` (text or token ids) together to completion, in order; `params` is
-        one for all or one per prompt."""
+        """Run `prompts` (text or token ids) together to completion, in order; `params` and
+        `priority` are one for all or one per prompt."""
         per_prompt = params if isinstance(params, Sequence) else [params] * len(prompts)
         if len(per_prompt) != len(prompts):
             raise ValueError(f"{len(per_prompt)} sampling params for {len(prompts)} prompts")
-        ids = [self.add(self._prompt_ids(p), q) for p, q in zip(prompts, per_prompt, strict=True)]
+        priorities = priority if isinstance(priority, Sequence) else [priority] * len(prompts)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"{len(priorities)} priorities for {len(prompts)} prompts")
+        ids = [
+            self.add(self._prompt_ids(p), q, priority=r)
+            for p, q, r in zip(prompts, per_prompt, priorities, strict=True)
+        ]
         try:
             while any(i in self._requests for i in ids):
                 self.step()

@@ -123,10 +123,36 @@ class BlockTable:
     block_size: int
     block_ids: list[int] = field(default_factory=list)
     num_tokens: int = 0
-    # Bumped whenever blocks leave the table or it starts anew (share, truncate, release): while
-    # it stands still, `block_ids` only grew, and a batch built from it earlier is still right
-    # about the blocks it listed (batch.DecodeInputs).
+    # Bumped whenever blocks leave the table or it starts anew (share, truncate, release,
+    # free_before): while it stands still, `block_ids` only grew, and a batch built from it
+    # earlier is still right about the blocks it listed (batch.DecodeInputs).
     generation: int = 0
+    # Leading blocks given back while the sequence runs, wholly outside a sliding window
+    # (`free_before`): their entries are `released_block`, the pool's scratch block.
+    num_freed: int = 0
+
+    @property
+    def released_block(self) -> int:
+        """What a released entry of `block_ids` holds: the pool's scratch block (the id after
+        the allocator's), which an engine may gather (finite contents) but whose slots the
+        mask never shows, since every position of a released block is outside the window."""
+        return self.allocator.num_blocks
+
+    def free_before(self, position: int) -> int:
+        """Give back every block all of whose positions are below `position` (sliding window:
+        no query at `position` or later sees them); how many went. A block another sequence
+        shares (a cached prefix) only loses this reference; a cached one keeps its contents on
+        the free list, findable until reused."""
+        end = max(0, min(position // self.block_size, len(self.block_ids)))
+        if end <= self.num_freed:
+            return 0
+        released = self.released_block
+        for i in range(self.num_freed, end):
+            self.allocator.free(self.block_ids[i])
+            self.block_ids[i] = released
+        freed, self.num_freed = end - self.num_freed, end
+        self.generation += 1
+        return freed
 
     def blocks_needed(self, n_new: int) -> int:
         """How many more blocks `n_new` more tokens take."""
@@ -177,9 +203,10 @@ class BlockTable:
         if not 0 <= num_tokens <= self.num_tokens:
             raise ValueError(f"cannot truncate {self.num_tokens} tokens to {num_tokens}")
         keep = -(-num_tokens // self.block_size)
-        for block in reversed(self.block_ids[keep:]):
+        for block in reversed(self.block_ids[max(keep, self.num_freed) :]):
             self.allocator.free(block)
         del self.block_ids[keep:]
+        self.num_freed = min(self.num_freed, keep)
         self.num_tokens = num_tokens
         self.generation += 1
 
@@ -189,10 +216,11 @@ class BlockTable:
         Last block first: the free list is LRU, so a prefix's head, the part other prompts
         are likeliest to share, is evicted last.
         """
-        for block in reversed(self.block_ids):
+        for block in reversed(self.block_ids[self.num_freed :]):
             self.allocator.free(block)
         self.block_ids.clear()
         self.num_tokens = 0
+        self.num_freed = 0
         self.generation += 1
 
 

@@ -20,6 +20,7 @@ from ingot.runtime.generate import DEFAULT_MAX_NUM_SEQS, Generator, GeneratorCon
 from ingot.runtime.kv_pool import KVCacheTooSmall, KVPool
 from ingot.runtime.loader import DrafterFiles, EngineFiles, open_engine
 from ingot.runtime.memory import available_memory, format_bytes
+from ingot.runtime.scheduler import SCHEDULING_POLICIES
 from ingot.runtime.speculative import Speculation, SpeculativeConfig
 from ingot.runtime.speculative.eagle import EagleDraft
 from ingot.runtime.speculative.load import DraftModel, make_drafter, resolve_config
@@ -49,6 +50,7 @@ class LoadedModel:
     max_num_seqs: int
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"  # or "priority" (scheduler.SCHEDULING_POLICIES)
     speculative: SpeculativeConfig | None = None
     draft: DraftModel | None = None  # the draft engine, with speculative method draft_model
     heads: MedusaHeads | None = None  # the Medusa heads, with speculative method medusa
@@ -71,6 +73,7 @@ class LoadedModel:
         speculative_config: dict[str, Any] | bool | None = None,
         spinning: bool = True,
         engine: str | None = None,
+        scheduling_policy: str = "fcfs",
     ) -> LoadedModel:
         """Verify the artifact at `path` (a directory or an `oci://` reference, pulled into the
         local store first), then load it.
@@ -94,7 +97,8 @@ class LoadedModel:
         Runtime's threads sleep between calls instead of spinning, each on a core, while they
         wait (benchmarks/serve_overhead.py compares the two under `ingot serve`). `engine`:
         the artifact's engine of that name ("openvino-cpu") or kind ("openvino") instead of
-        the first compatible one in its order (engine_select.py).
+        the first compatible one in its order (engine_select.py). `scheduling_policy`:
+        "fcfs" or "priority" (scheduler.py), vLLM's `--scheduling-policy`.
 
         `speculative_config` (vLLM's keys: method, num_speculative_tokens, prompt_lookup_min,
         prompt_lookup_max, and ingot's disable_by_batch_size, min_acceptance_rate,
@@ -106,6 +110,11 @@ class LoadedModel:
         the target's features (its session binds `aux_hidden`) and has a one-layer float32
         pool of as many blocks as the target's, which the budget pays for too.
         """
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy {scheduling_policy!r} is not one of "
+                f"{', '.join(SCHEDULING_POLICIES)}"
+            )
         root, manifest = _verified(path, verify_key, require_signature)
         selected = _selected_engine(manifest, engine)
         speculative = resolve_config(manifest, speculative_config)
@@ -130,6 +139,7 @@ class LoadedModel:
             max_num_seqs,
             max_num_batched_tokens,
             enable_prefix_caching,
+            scheduling_policy,
             speculative,
             opened.draft,
             opened.heads,
@@ -149,6 +159,7 @@ class LoadedModel:
             max_num_batched_tokens=max_num_batched_tokens or self.max_num_batched_tokens,
             enable_prefix_caching=self.enable_prefix_caching,
             vocab_size=self.manifest.model.vocab_size,
+            scheduling_policy=self.scheduling_policy,
         )
         speculation = None
         if self.speculative is not None:

@@ -11,16 +11,28 @@ padding than the extra calls cost: a prefill of prompts of 64-256 tokens in one 
 so a sequence's numerics do not depend on what it is batched with (a packed row, two chunks
 side by side, would shift one's keys and with them the rounding of its attention sums).
 
-Sequences are served first come, first served. When the pool runs out of blocks, the newest
-running sequence not yet scheduled in this step is preempted: its blocks are released and it
-goes back to the front of the waiting queue, to be recomputed from its prompt and output so far
-(with prefix caching on, mostly from its own blocks, still cached); `on_preempt` tells whoever
-keeps per-sequence state beside the pool (the Generator, for its drafter). Finished sequences
-leave at once; waiting ones fill their slots in the same step.
+Two policies, vLLM's (`SCHEDULING_POLICIES`). "fcfs": sequences are served first come, first
+served; when the pool runs out of blocks, the newest running sequence not yet scheduled in this
+step is preempted: its blocks are released and it goes back to the front of the waiting queue,
+to be recomputed from its prompt and output so far (with prefix caching on, mostly from its own
+blocks, still cached). "priority": the waiting queue is ordered by (priority, arrival), lower
+values first, a preempted sequence going back to its place in that order; the sequence
+preempted is the running one of the highest (priority, arrival), even one already scheduled
+in this step (its chunk is dropped from the step), as vLLM's scheduler does. Waiting sequences
+never preempt running ones under either policy. `on_preempt` tells whoever keeps per-sequence
+state beside the pool (the Generator, for its drafter). Finished sequences leave at once;
+waiting ones fill their slots in the same step.
+
+With a `sliding_window` W (a model whose every layer slides: Mistral), a sequence about to
+compute from position p gives back, before it is scheduled, each block whose positions are all
+below p - W + 1: no query at p or later sees them (`BlockTable.free_before`). Its KV then stays
+within W + the chunk + a block, however long it runs. A block shared through the prefix cache
+only loses that reference; a cached one stays findable on the free list until reused.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +40,17 @@ from dataclasses import dataclass, field
 from ingot.runtime.kv_pool import BlockTable, KVPool
 from ingot.runtime.prefix_cache import chain_hashes
 
-__all__ = ["Chunk", "Scheduler", "SchedulerOutput", "SequenceState", "split_prefill"]
+__all__ = [
+    "SCHEDULING_POLICIES",
+    "Chunk",
+    "Scheduler",
+    "SchedulerOutput",
+    "SequenceState",
+    "split_prefill",
+]
+
+# vLLM's `--scheduling-policy` values: first come first served, or by request priority.
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 # A prefill call more costs about this many tokens' work (every node dispatched again, every
 # weight read again; a small M runs the matmuls less efficiently): a split must save more
@@ -47,6 +69,8 @@ class SequenceState:
     table: BlockTable
     block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks
     num_cached_blocks: int = 0  # leading blocks of `table` the prefix cache knows
+    priority: int = 0  # lower first, under the "priority" policy (ignored under "fcfs")
+    arrival: int = 0  # the scheduler's count when it was added: ties of priority go by it
     # The drafter's own per-sequence state, of the drafter's own type (speculative/drafter.py):
     # None until the drafter sets it. The scheduler never reads it; on preemption it calls
     # `on_preempt`, through which the drafter decides what survives.
@@ -110,7 +134,13 @@ class Scheduler:
         max_num_batched_tokens: int,
         enable_prefix_caching: bool = True,
         on_preempt: Callable[[SequenceState], None] | None = None,
+        policy: str = "fcfs",
+        sliding_window: int | None = None,
     ) -> None:
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling policy {policy!r} is not one of {', '.join(SCHEDULING_POLICIES)}"
+            )
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_seqs ({max_num_seqs}) and max_num_batched_tokens "
@@ -124,14 +154,29 @@ class Scheduler:
         # Told of each preempted sequence, after its blocks went back: whoever keeps state of
         # it beside the pool (a drafter, through the Generator) drops what the blocks held.
         self.on_preempt = on_preempt
+        self.policy = policy
+        # Blocks wholly before a sequence's next position - this + 1 are given back as it runs.
+        self.sliding_window = sliding_window
+        # fcfs: in arrival order, preempted ones in front; priority: by (priority, arrival).
         self.waiting: deque[SequenceState] = deque()
-        self.running: list[SequenceState] = []  # in admission order; the last is preempted first
+        self.running: list[SequenceState] = []  # in admission order; fcfs preempts the last
+        self._arrivals = 0
         self.num_preemptions = 0
         self.prefix_cache_queries = 0  # tokens of admitted sequences looked up
         self.prefix_cache_hits = 0  # of those, tokens found in the cache
 
     def add(self, seq: SequenceState) -> None:
-        self.waiting.append(seq)
+        seq.arrival = self._arrivals
+        self._arrivals += 1
+        self._enqueue(seq, preempted=False)
+
+    def _enqueue(self, seq: SequenceState, preempted: bool) -> None:
+        if self.policy == "priority":
+            bisect.insort(self.waiting, seq, key=_priority_order)
+        elif preempted:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -159,7 +204,7 @@ class Scheduler:
             if len(out.decode) == budget:
                 break
             if seq in self.running:
-                self._grow(seq, 1, scheduled, out.decode)
+                self._grow(seq, 1, scheduled, out, out.decode)
         budget_left = budget - len(out.decode)
 
         for seq in [s for s in self.running if s.num_remaining > 1]:
@@ -167,7 +212,7 @@ class Scheduler:
             if allowed < max(1, _longest(out.prefill)):
                 break
             if seq in self.running:
-                self._grow(seq, min(seq.num_remaining, allowed), scheduled, out.prefill)
+                self._grow(seq, min(seq.num_remaining, allowed), scheduled, out, out.prefill)
 
         # As vLLM: a step that had to preempt admits nobody, or it would preempt again.
         while self.waiting and self.num_preemptions == preempted:
@@ -186,15 +231,22 @@ class Scheduler:
         if full <= seq.num_cached_blocks:
             return
         chain_hashes(seq.token_ids, self.block_size, full, seq.block_hashes)
-        for i in range(seq.num_cached_blocks, full):
+        for i in range(max(seq.num_cached_blocks, seq.table.num_freed), full):
             self.cache.insert(seq.table.block_ids[i], seq.block_hashes[i])
         seq.num_cached_blocks = full
 
     def _grow(
-        self, seq: SequenceState, n: int, scheduled: set[SequenceState], into: list[Chunk]
+        self,
+        seq: SequenceState,
+        n: int,
+        scheduled: set[SequenceState],
+        out: SchedulerOutput,
+        into: list[Chunk],
     ) -> int:
-        """Schedule up to `n` more tokens of running `seq` (as many as fit), preempting the
-        newest sequence not yet scheduled until some fit; 0 if `seq` itself was preempted."""
+        """Schedule up to `n` more tokens of running `seq` (as many as fit) into `into` (a
+        list of `out`), preempting (`_victim`) until some fit; 0 if `seq` itself was
+        preempted."""
+        self._free_outside_window(seq)
         while True:
             fit = min(n, self.capacity(seq))
             if fit:
@@ -202,10 +254,26 @@ class Scheduler:
                 seq.table.reserve(fit)
                 scheduled.add(seq)
                 return fit
-            victim = next(s for s in reversed(self.running) if s not in scheduled)
+            victim = self._victim(scheduled)
+            if victim in scheduled:  # priority: its chunk leaves the step with its blocks
+                scheduled.discard(victim)
+                out.decode[:] = [c for c in out.decode if c.seq is not victim]
+                out.prefill[:] = [c for c in out.prefill if c.seq is not victim]
             self._preempt(victim)
             if victim is seq:
                 return 0
+
+    def _victim(self, scheduled: set[SequenceState]) -> SequenceState:
+        """The running sequence to preempt: fcfs, the newest not yet scheduled in this step;
+        priority, the one of the highest (priority, arrival), scheduled or not (vLLM's)."""
+        if self.policy == "priority":
+            return max(self.running, key=_priority_order)
+        return next(s for s in reversed(self.running) if s not in scheduled)
+
+    def _free_outside_window(self, seq: SequenceState) -> None:
+        """Give back the blocks of `seq` that no query from its next position on can see."""
+        if self.sliding_window is not None:
+            seq.table.free_before(seq.num_computed - self.sliding_window + 1)
 
     def capacity(self, seq: SequenceState) -> int:
         """How many more tokens `seq` can take with the blocks it has and the free ones."""
@@ -217,7 +285,7 @@ class Scheduler:
         self.running.remove(seq)
         seq.table.release()
         seq.num_cached_blocks = 0
-        self.waiting.appendleft(seq)
+        self._enqueue(seq, preempted=True)
         self.num_preemptions += 1
         if self.on_preempt is not None:
             self.on_preempt(seq)
@@ -237,6 +305,7 @@ class Scheduler:
         self.waiting.popleft()
         seq.table.share(hits)  # before allocating: the allocator must not evict the hits
         seq.num_cached_blocks = len(hits)
+        self._free_outside_window(seq)  # hits that the window has already left behind
         seq.table.reserve(n)
         self.running.append(seq)
         prefill.append(Chunk(seq, start, n))
@@ -256,6 +325,11 @@ class Scheduler:
         num = (len(seq.token_ids) - 1) // self.block_size
         chain_hashes(seq.token_ids, self.block_size, num, seq.block_hashes)
         return self.cache.lookup(seq.block_hashes[:num])
+
+
+def _priority_order(seq: SequenceState) -> tuple[int, int]:
+    """Lower first: the waiting queue's order under "priority"; the highest is preempted."""
+    return seq.priority, seq.arrival
 
 
 def _longest(chunks: list[Chunk]) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ingot.common.errors import IngotError
 
-from .family import MODEL_FAMILIES, ModelFamily
+from .family import MODEL_FAMILIES, ModelFamily, WindowRule
 
 __all__ = ["ModelConfig", "RopeConfig", "ConfigError"]
 
@@ -131,10 +131,42 @@ def _switch(rule: bool | str, hf: dict[str, Any]) -> bool:
 
 
 def _window(family: ModelFamily, hf: dict[str, Any]) -> int | None:
+    """The window every layer slides by, or None when no layer slides; a model whose layers
+    mix the two (transformers' per-layer rule, `WindowRule`) is refused, not run with the
+    window on every layer or on none."""
     rule = family.window
     if rule.key is None or (rule.switch is not None and not hf.get(rule.switch, True)):
         return None
-    return hf.get(rule.key)
+    window = hf.get(rule.key)
+    if window is None:
+        return None
+    sliding = _sliding_layers(rule, hf)
+    if all(sliding):
+        return window
+    if not any(sliding):
+        return None
+    local = [i for i, s in enumerate(sliding) if s]
+    raise ConfigError(
+        f"config.json: layers {local} of {len(sliding)} slide (window {window}) and the others "
+        "attend to the whole context (layer_types / max_window_layers); models mixing local "
+        "and global layers are not supported yet"
+    )
+
+
+def _sliding_layers(rule: WindowRule, hf: dict[str, Any]) -> list[bool]:
+    """Which layers the window applies to, as transformers decides (`WindowRule`)."""
+    num_layers = hf["num_hidden_layers"]
+    types = hf.get(rule.layer_types) if rule.layer_types else None
+    if isinstance(types, list):
+        if len(types) != num_layers:
+            raise ConfigError(
+                f"config.json: {rule.layer_types} has {len(types)} entries for {num_layers} layers"
+            )
+        return [t == "sliding_attention" for t in types]
+    if rule.first_sliding is not None:
+        first = hf.get(rule.first_sliding, rule.first_sliding_default)
+        return [i >= first for i in range(num_layers)]
+    return [True] * num_layers
 
 
 def _rope_from_hf(hf: dict[str, Any], supported: tuple[str, ...]) -> RopeConfig:

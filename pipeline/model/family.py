@@ -146,10 +146,17 @@ class Biases:
 @dataclass(frozen=True, slots=True)
 class WindowRule:
     """Where config.json states a sliding window: `key` (None: the family has none), turned
-    off by a false `switch` key when the family has one."""
+    off by a false `switch` key when the family has one, and which layers it applies to, as
+    transformers reads them: every layer, unless the family names `layer_types` (a list of
+    "sliding_attention" | "full_attention", when config.json has it) or else `first_sliding`
+    (the first layer that slides, `first_sliding_default` when absent: Qwen2's
+    max_window_layers, below which layers attend to the whole context)."""
 
     key: str | None = "sliding_window"
     switch: str | None = "use_sliding_window"
+    layer_types: str | None = None
+    first_sliding: str | None = None
+    first_sliding_default: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,8 +137,11 @@ class AsyncLLM:
             reason = "shutting down" if self.draining else "loading the model"
             raise _unavailable(f"the server is {reason}")
 
-    def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> RequestStream:
-        """Admit a request, or raise APIError (503 full / loading / draining, 500 dead)."""
+    def open(
+        self, prompt_ids: Sequence[int], params: SamplingParams, priority: int = 0
+    ) -> RequestStream:
+        """Admit a request, or raise APIError (503 full / loading / draining, 500 dead);
+        `priority` orders it under the "priority" scheduling policy (Generator.add)."""
         with self._cond:  # the same lock the loop takes to end, so no request is left behind
             self.check_admitting()
             if self._closed:
@@ -152,7 +155,7 @@ class AsyncLLM:
             deadline = None
             if self.request_timeout is not None:
                 deadline = time.monotonic() + self.request_timeout
-            stream = RequestStream(list(prompt_ids), params, deadline)
+            stream = RequestStream(list(prompt_ids), params, deadline, priority)
             self._inbox.append(("add", stream))
             self._cond.notify()
         return stream
@@ -223,7 +226,7 @@ class AsyncLLM:
     def _add(self, generator: Generator, stream: RequestStream) -> None:
         try:
             generator.validate(stream.prompt_ids, stream.params)  # context length, vLLM's words
-            gen_id = generator.add(stream.prompt_ids, stream.params)
+            gen_id = generator.add(stream.prompt_ids, stream.params, priority=stream.priority)
         except ValueError as e:
             stream.put_threadsafe([APIError(400, str(e), param=getattr(e, "param", None))])
             return

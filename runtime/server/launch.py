@@ -51,6 +51,7 @@ class ServeOptions:
     kv_cache_bytes: int | None = None  # None: auto (LoadedModel.load)
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"  # or "priority": by each request's `priority`
     verify_key: Path | None = None  # PEM public key model.sig must verify against
     request_timeout: float | None = None  # seconds; None = no deadline
     shutdown_grace: float = 30.0
@@ -87,6 +88,7 @@ def load_served_model(
     spinning: bool = True,
     max_tokenize_tokens: int | None = None,
     engine: str | None = None,
+    scheduling_policy: str = "fcfs",
 ) -> ServedModel:
     """Verify and load `artifact` (LoadedModel.load logs the engine and the KV pool size);
     `kv_cache_bytes=None` sizes the KV cache from available memory; /tokenize refuses more
@@ -102,6 +104,7 @@ def load_served_model(
         speculative_config=speculative_config,
         spinning=spinning,
         engine=engine,
+        scheduling_policy=scheduling_policy,
     )
     info = loaded.manifest.model
     return ServedModel(
@@ -132,6 +135,7 @@ def run_server(artifact: Path | str, model_name: str, options: ServeOptions) -> 
         speculative_config=options.speculative_config,
         max_tokenize_tokens=options.max_tokenize_tokens,
         engine=options.engine,
+        scheduling_policy=options.scheduling_policy,
     )
     llm = AsyncLLM(
         load,

@@ -143,6 +143,13 @@ class _Request(RequestModel):
     guided_grammar: str | None = Field(None, description="vLLM extension (Lark or GBNF)")
     guided_choice: list[str] | None = Field(None, description="vLLM extension")
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM extension")
+    priority: int = Field(
+        0,
+        ge=-(2**63),
+        le=2**63 - 1,
+        description="vLLM extension: lower is served first under --scheduling-policy "
+        "priority; ignored under fcfs (as vLLM does)",
+    )
     user: str | None = None
 
     def unsupported(self) -> tuple[str, str] | None:

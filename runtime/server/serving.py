@@ -163,7 +163,7 @@ class Serving:
         *,
         echo: bool,
     ) -> Response:
-        samples = self._open(prompts, params)
+        samples = self._open(prompts, params, body.priority)
         close_all = _closer(self.llm, samples)
         try:
             # Every sample's first output: errors a request gets when it is taken keep
@@ -184,7 +184,9 @@ class Serving:
         events = _sse(bodies, list(zip(choices, samples, strict=True)), prompts)
         return _ClosingStreamingResponse(events, close_all)
 
-    def _open(self, prompts: list[_Prompt], params: list[SamplingParams]) -> list[_Sample]:
+    def _open(
+        self, prompts: list[_Prompt], params: list[SamplingParams], priority: int
+    ) -> list[_Sample]:
         wanted = sum(p.num_samples for p in params)
         room = self.llm.model.max_num_seqs + self.llm.max_queue
         if wanted > room:  # no retry could admit it: a 400, not a 503
@@ -199,7 +201,7 @@ class Serving:
         try:
             for index, (prompt, request_params) in enumerate(zip(prompts, params, strict=True)):
                 for sample_params in fan_out(request_params):
-                    stream = self.llm.open(prompt.ids, sample_params)
+                    stream = self.llm.open(prompt.ids, sample_params, priority)
                     samples.append(_Sample(index, stream))
         except BaseException:
             _closer(self.llm, samples)()  # all of the request's samples, or none

@@ -63,6 +63,7 @@ class RequestStream:
         "prompt_ids",
         "params",
         "deadline",
+        "priority",
         "arrival",
         "_loop",
         "_queue",
@@ -72,11 +73,16 @@ class RequestStream:
     )
 
     def __init__(
-        self, prompt_ids: list[int], params: SamplingParams, deadline: float | None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        deadline: float | None,
+        priority: int = 0,
     ) -> None:
         self.prompt_ids = prompt_ids
         self.params = params
         self.deadline = deadline  # time.monotonic() after which the request is aborted
+        self.priority = priority  # the generator's (Generator.add)
         self.arrival = time.monotonic()
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[RequestDelta | APIError] = asyncio.Queue()

@@ -35,6 +35,10 @@ class Drafter:
     # The Generator hands it the target's aux_hidden rows [n, 3Ht] of the tokens each call
     # keeps (`record_features`; the session binds `aux_hidden`).
     needs_features: ClassVar[bool] = False
+    # Its calls attend through the target's sliding window (or it keeps no K/V), so blocks the
+    # window has left behind may be given back while a sequence runs (scheduler.py); False for
+    # a drafter that attends over every position it holds.
+    windowed: ClassVar[bool] = True
 
     def propose(self, seqs: Sequence[SequenceState], ks: Sequence[int]) -> list[list[int]]:
         """Up to ks[i] draft tokens to follow each sequence's last token."""

@@ -112,6 +112,7 @@ def eagle_kv_layout(eagle: EagleInfo) -> KVLayout:
 
 class EagleDrafter(Drafter):
     needs_features = True  # the Generator hands it the target's aux_hidden rows
+    windowed = False  # the draft layer attends over every position it holds
 
     def __init__(self, draft: EagleDraft) -> None:
         self.draft = draft

@@ -45,5 +45,18 @@ def test_connection_and_tokenize_defaults_are_the_servers():
 
     defaults = {p.name: p.default for p in main.commands["serve"].params}
     options = ServeOptions()
-    for name in ("keep_alive_timeout", "request_read_timeout", "max_tokenize_tokens"):
+    for name in (
+        "keep_alive_timeout",
+        "request_read_timeout",
+        "max_tokenize_tokens",
+        "scheduling_policy",
+    ):
         assert defaults[name] == getattr(options, name), name
+
+
+def test_scheduling_policy_is_vllms_choice():
+    from ingot.cli import main
+    from ingot.runtime.scheduler import SCHEDULING_POLICIES
+
+    [option] = [p for p in main.commands["serve"].params if p.name == "scheduling_policy"]
+    assert tuple(option.type.choices) == SCHEDULING_POLICIES and option.default == "fcfs"

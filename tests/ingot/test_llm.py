@@ -47,6 +47,21 @@ def test_generate_returns_vllm_shaped_outputs_in_order(llm):
     assert len({o.request_id for o in outputs}) == 3
 
 
+def test_priority_scheduling_changes_no_greedy_token(llm):
+    # Prompts of 40-70 tokens in a pool of one full-length sequence: requests are preempted.
+    prompts = [{"prompt_token_ids": [(7 * i + j) % 90 + 3 for j in range(40 + 10 * i)]}
+               for i in range(4)]  # fmt: skip
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    small = LLM(
+        llm.model.root, kv_cache_memory=64 << 10, max_num_seqs=4, scheduling_policy="priority"
+    )
+    outputs = small.generate(prompts, GREEDY, priority=[2, 0, 1, -5])
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert small.generator.stats().num_preemptions > 0
+    with pytest.raises(ValueError, match="3 priorities for 4 prompts"):
+        small.generate(prompts, GREEDY, priority=[0, 1, 2])
+
+
 def test_per_prompt_params_logprobs_and_token_prompts(llm):
     ids = llm.get_tokenizer().encode("import os")
     params = [GREEDY, SamplingParams(max_tokens=3, temperature=0, logprobs=2)]

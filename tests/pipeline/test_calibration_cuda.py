@@ -16,6 +16,14 @@ Measured on the CPU by perturbing every activation chunk by a relative 1e-4 (a h
 what fp32 kernels differ by): 97.7% / 87% of the codes identical, dequantized weights within
 7%, the errors within 1%.
 
+AWQ's code and weight checks cover the first layer only, whose inputs are the same on both
+devices. On an H200 (2026-11-28) the clip search's near-ties left ~2% of layer 0's codes
+different, so layer 1's scale-search losses differed by ~1.5% between the devices, more than
+the 0.14% between the best two of its MLP's 20 grid points on this random checkpoint: it picked
+alpha 0.65 on CUDA against 0.10 on the CPU, 70% of gate/up codes identical, weights 10.7% apart,
+yet the logits' error against the float model 1.005x the CPU's. That is a flat search, not a
+device bug; the quality check below covers every layer.
+
 On one device everything is deterministic: disk offload, a resumed run, the in-memory walk and
 the quantize stage give bit-identical IRs, and a process-wide TF32 setting changes nothing.
 """
@@ -96,8 +104,9 @@ def test_cuda_agrees_with_cpu(tmp_path, checkpoint, calibration, method):
     cpu_linears = {n: m for n, m in on_cpu.named_modules() if isinstance(m, QuantizedLinear)}
     cuda_linears = {n: m for n, m in on_cuda.named_modules() if isinstance(m, QuantizedLinear)}
     assert sorted(cpu_linears) == sorted(cuda_linears) and len(cpu_linears) == 14
+    compared = cpu_linears if method == "gptq" else _first_layer(cpu_linears)
     same = total = 0
-    for name, a in cpu_linears.items():
+    for name, a in compared.items():
         b = cuda_linears[name]
         assert b.codes.device.type == "cpu" and b.codes.dtype == a.codes.dtype
         assert (b.bits, b.group_size, b.symmetric) == (a.bits, a.group_size, a.symmetric)
@@ -115,6 +124,11 @@ def test_cuda_agrees_with_cpu(tmp_path, checkpoint, calibration, method):
         cpu_error = (on_cpu(ids)[0] - float_logits).norm()
         cuda_error = (on_cuda(ids)[0] - float_logits).norm()
     assert abs(float(cuda_error / cpu_error) - 1) <= ERROR_RELATIVE
+
+
+def _first_layer(linears: dict) -> dict:
+    """AWQ's linears whose inputs are the same on both devices (see the module docstring)."""
+    return {name: linear for name, linear in linears.items() if name.startswith("layers.0.")}
 
 
 def test_quantize_stage_on_cuda_loads_and_runs(tmp_path, checkpoint, calibration):

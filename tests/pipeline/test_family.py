@@ -71,7 +71,25 @@ def test_window_rules() -> None:
     assert _cfg("mistral", sliding_window=16).sliding_window == 16
     assert _cfg("mistral").sliding_window is None
     assert _cfg("qwen2", sliding_window=16, use_sliding_window=False).sliding_window is None
-    assert _cfg("qwen2", sliding_window=16, use_sliding_window=True).sliding_window == 16
+    # As transformers' Qwen2Config: layers from max_window_layers (default 28) on slide.
+    on = {"sliding_window": 16, "use_sliding_window": True}
+    assert _cfg("qwen2", **on).sliding_window is None  # 2 layers, none from layer 28 on
+    assert _cfg("qwen2", **on, max_window_layers=0).sliding_window == 16
+    full, local = "full_attention", "sliding_attention"
+    assert _cfg("qwen2", **on, layer_types=[local, local]).sliding_window == 16
+    assert _cfg("qwen2", **on, max_window_layers=0, layer_types=[full, full]).sliding_window is None
+    # Mistral slides every layer whatever those keys say (transformers' MistralAttention).
+    assert _cfg("mistral", sliding_window=16, max_window_layers=9).sliding_window == 16
+
+
+@pytest.mark.parametrize(
+    "hf", [{"max_window_layers": 1}, {"layer_types": ["full_attention", "sliding_attention"]}]
+)
+def test_mixed_local_and_global_layers_are_refused(hf) -> None:
+    with pytest.raises(
+        ConfigError, match=r"layers \[1\] of 2 slide \(window 16\) .* not supported"
+    ):
+        _cfg("qwen2", sliding_window=16, use_sliding_window=True, **hf)
 
 
 def test_activation_and_rope_are_checked_against_the_family() -> None:

@@ -34,6 +34,12 @@ VARIANTS = {
     ),
     "mistral-sliding": ("mistral", {"sliding_window": 12}),
     "qwen2": ("qwen2", {"tie_word_embeddings": True}),
+    # transformers slides the layers from max_window_layers on: all of them, or none (28).
+    "qwen2-sliding": (
+        "qwen2",
+        {"use_sliding_window": True, "sliding_window": 12, "max_window_layers": 0},
+    ),
+    "qwen2-window-on-no-layer": ("qwen2", {"use_sliding_window": True, "sliding_window": 12}),
 }
 
 
@@ -71,6 +77,14 @@ def test_pickle_weights_refused(tmp_path):
     ckpt = make_checkpoint(tmp_path / "m")
     (ckpt / "model.safetensors").rename(ckpt / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match="pickle"):
+        load_model(ckpt)
+
+
+def test_mixed_local_and_global_layers_are_refused_not_run_wrong(tmp_path):
+    ckpt = make_checkpoint(
+        tmp_path, "qwen2", use_sliding_window=True, sliding_window=12, max_window_layers=1
+    )
+    with pytest.raises(ConfigError, match=r"layers \[1\] of 2 slide .* not supported yet"):
         load_model(ckpt)
 
 

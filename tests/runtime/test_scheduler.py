@@ -32,15 +32,18 @@ def _logits(context_hash: int) -> np.ndarray:
     )
 
 
-def _context_hash(tokens) -> int:
-    return sum((p + 1) * (t + 7) for p, t in enumerate(tokens)) % 9973
+def _context_hash(tokens, window=None) -> int:
+    """Of the tokens the last one sees: all, or the last `window` (a sliding window)."""
+    first = 0 if window is None else max(0, len(tokens) - window)
+    return sum((p + 1) * (tokens[p] + 7) for p in range(first, len(tokens))) % 9973
 
 
-def reference(prompt, max_tokens, max_seq_len):
-    """What greedy decoding must produce: the fake's rule applied to the true context."""
+def reference(prompt, max_tokens, max_seq_len, window=None):
+    """What greedy decoding must produce: the fake's rule applied to the true context (the
+    last `window` tokens of it, with a sliding window)."""
     tokens, out = list(prompt), []
     while len(out) < max_tokens and len(tokens) < max_seq_len:
-        out.append(int(np.argmax(_logits(_context_hash(tokens)))))
+        out.append(int(np.argmax(_logits(_context_hash(tokens, window)))))
         tokens.append(out[-1])
     return out
 
@@ -88,9 +91,12 @@ def _check_invariants(gen: Generator) -> None:
     assert len(scheduler.running) <= scheduler.max_num_seqs
     holders: dict[int, list] = {}
     for seq in scheduler.running:
-        assert len(set(seq.table.block_ids)) == len(seq.table.block_ids)
-        assert len(seq.table.block_ids) == -(-seq.num_computed // B)
-        for i, block in enumerate(seq.table.block_ids):
+        table = seq.table
+        held = table.block_ids[table.num_freed :]  # the rest the window left behind
+        assert table.block_ids[: table.num_freed] == [table.released_block] * table.num_freed
+        assert len(set(held)) == len(held)
+        assert len(table.block_ids) == -(-seq.num_computed // B)
+        for i, block in enumerate(held, start=table.num_freed):
             holders.setdefault(block, []).append((seq, i))
     for block in range(gen.pool.num_blocks):
         held = holders.get(block, [])
@@ -128,12 +134,24 @@ _ops = st.lists(st.sampled_from(["add", "step", "step", "abort"]), min_size=1, m
     max_num_seqs=st.integers(1, 4),
     budget=st.integers(1, 16),
     caching=st.booleans(),
+    policy=st.sampled_from(["fcfs", "priority"]),
+    window=st.sampled_from([None, 2, 3, 5]),
     adds=_adds,
     ops=_ops,
     abort_picks=st.lists(st.integers(0, 7), max_size=8),
 )
 def test_no_block_is_leaked_or_shared_wrongly(
-    tokenizer, block_size, extra_blocks, max_num_seqs, budget, caching, adds, ops, abort_picks
+    tokenizer,
+    block_size,
+    extra_blocks,
+    max_num_seqs,
+    budget,
+    caching,
+    policy,
+    window,
+    adds,
+    ops,
+    abort_picks,
 ):
     max_seq_len = 16
     gen = _generator(
@@ -144,13 +162,16 @@ def test_no_block_is_leaked_or_shared_wrongly(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         enable_prefix_caching=caching,
+        scheduling_policy=policy,
+        sliding_window=window,
     )
     added, aborted = {}, set()
     # Every request is added at some point; the rest runs to completion.
     for op in [*ops, *["add"] * len(adds), *["step"] * 300]:
         if op == "add" and adds:
             prompt, max_tokens = adds.pop()
-            added[gen.add(prompt, SamplingParams(max_tokens=max_tokens, temperature=0))] = (
+            params = SamplingParams(max_tokens=max_tokens, temperature=0)
+            added[gen.add(prompt, params, priority=max_tokens % 3)] = (
                 prompt,
                 max_tokens,
             )
@@ -168,7 +189,8 @@ def test_no_block_is_leaked_or_shared_wrongly(
     assert gen.pool.allocator.num_free == gen.pool.num_blocks
     for rid, (prompt, max_tokens) in added.items():
         if rid not in aborted:
-            assert gen.pop_completion(rid).token_ids == reference(prompt, max_tokens, max_seq_len)
+            want = reference(prompt, max_tokens, max_seq_len, window)
+            assert gen.pop_completion(rid).token_ids == want
 
 
 def test_chunked_prefill_spreads_a_long_prompt_over_steps(tokenizer):

@@ -4,7 +4,6 @@ artifact, signing keys, and a TCP proxy that cuts a connection mid-blob."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 import socket
@@ -18,12 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from registry_binary import registry_binary
 
 from ingot.artifacts.store import BlobStore
 
 from fixtures import make_checkpoint, write_recipe
-
-REGISTRY_BIN = "/usr/bin/docker-registry"
 
 
 def _free_port() -> int:
@@ -53,12 +51,10 @@ class Registry:
 
 
 def start_registry(directory: Path, htpasswd: Path | None = None):
-    if not os.access(REGISTRY_BIN, os.X_OK):
-        pytest.fail(
-            f"{REGISTRY_BIN} not found: the registry tests need a real registry. Install "
-            "Debian's CNCF distribution with `apt-get install -y docker-registry`",
-            pytrace=False,
-        )
+    try:
+        binary = registry_binary()
+    except RuntimeError as error:
+        pytest.fail(f"the registry tests need a real registry: {error}", pytrace=False)
     port = _free_port()
     storage = directory / "storage"
     storage.mkdir(parents=True)
@@ -71,7 +67,7 @@ def start_registry(directory: Path, htpasswd: Path | None = None):
         f"http: {{addr: '127.0.0.1:{port}'}}\n" + auth
     )
     log = open(directory / "registry.log", "wb")  # noqa: SIM115 - closed with the process
-    process = subprocess.Popen([REGISTRY_BIN, "serve", str(config)], stdout=log, stderr=log)
+    process = subprocess.Popen([str(binary), "serve", str(config)], stdout=log, stderr=log)
     deadline = time.monotonic() + 15
     while True:
         try:
