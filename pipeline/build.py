@@ -12,6 +12,7 @@ from typing import Any
 
 from .cache import StageCache, code_digest
 from .plan import plan_build
+from .quantize.method import method_of
 from .resources import calibration_device, check_resources, require_resources
 from .stages.evaluate import judge_gates
 from .stages.graph import BuildOutputs, declare_stages
@@ -105,6 +106,11 @@ def _lock(
     }
     if inputs.calibration is not None:
         lock["calibration"] = inputs.calibration.lock_entry
+    if inputs.defaulted:  # entries the model's size added (the embedding and lm_head's)
+        entries = inputs.recipe.quantize
+        lock["quantize_defaults"] = {
+            str(i): method_of(entries[i]).record(entries[i]) for i in inputs.defaulted
+        }
     resolved = outputs.target.quantize.resolved()  # {index of an auto entry: its entries}
     if resolved is not None:
         lock["quantize_resolved"] = resolved

@@ -23,6 +23,7 @@ from .engines.base import EngineSizing, EngineTarget, engine_name
 from .model.architecture import LAYER_LINEARS, linear_names, linear_shape
 from .model.config import ConfigError, ModelConfig
 from .model.selection import selected
+from .preflight import with_model_defaults
 from .quantize.method import LayerCost, LayerWork, Observation, method_of
 from .quantize.units import units_of
 from .recipe import Quantize, Recipe, RecipeError
@@ -130,6 +131,7 @@ def plan_build(
     the local checkpoint (None for a hub source not in the local cache: its size is then
     taken from the shapes, and downloading it is part of the disk need)."""
     cfg = ModelConfig.from_hf(hf_config)
+    recipe = with_model_defaults(recipe, cfg)  # as the build resolves it (a no-op if it did)
     shapes = _Shapes(cfg)
     weights = _weights_on_disk(shapes, source_dir)
     plan = Plan(_model_summary(shapes, weights, recipe.kv_cache.dtype))

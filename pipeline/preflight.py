@@ -16,9 +16,15 @@ from .model.config import ModelConfig
 from .model.family import ModelFamily
 from .recipe import Recipe, RecipeError
 from .recipe.checks import model_problems, quantize_problems
+from .recipe.embedding import default_entry
 from .vocabulary import vocabulary_differences
 
-__all__ = ["check_draft_against_target", "check_recipe_against_model", "family_problems"]
+__all__ = [
+    "check_draft_against_target",
+    "check_recipe_against_model",
+    "family_problems",
+    "with_model_defaults",
+]
 
 _DRAFT = "speculative.draft"
 
@@ -33,6 +39,19 @@ def check_recipe_against_model(
     problems = family_problems(cfg.family, "source")
     problems += model_problems(recipe, cfg) + interop_problems(recipe, cfg)
     _raise(problems, recipe_file)
+
+
+def with_model_defaults(recipe: Recipe, cfg: ModelConfig) -> Recipe:
+    """`recipe` with what it leaves to the model's size: the embedding and lm_head entry a
+    source of 1e9 parameters or more gets (`recipe/embedding.py`), appended to `quantize`,
+    unless an interop format of the recipe cannot hold it (it then stays as written)."""
+    entry = default_entry(recipe, cfg)
+    if entry is None:
+        return recipe
+    resolved = recipe.model_copy(update={"quantize": [*recipe.quantize, entry]})
+    if len(interop_problems(resolved, cfg)) > len(interop_problems(recipe, cfg)):
+        return recipe
+    return resolved
 
 
 def family_problems(family: ModelFamily, where: str) -> list[str]:

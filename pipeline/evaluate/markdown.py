@@ -20,6 +20,23 @@ def render_markdown(report: dict[str, Any], engine_label: str) -> str:
 
 
 def _perplexity_markdown(ppl: dict[str, Any], engine_label: str) -> list[str]:
+    return [*_ppl_table(ppl, engine_label), *_heads_markdown(ppl.get("embedding_lm_head"))]
+
+
+def _heads_markdown(heads: dict[str, Any] | None) -> list[str]:
+    """What quantizing the embedding / lm_head costs (report.py's `embedding_lm_head`)."""
+    if heads is None:
+        return []
+    names = " and ".join(f"`{m}`" for m in heads["quantized"])
+    return [
+        f"Quantized {names}: the IR with them float instead scores "
+        f"{heads['ir_with_them_float']:.4f}, so they cost "
+        f"{_delta(heads['cost'], heads['relative_cost'])} of the IR's delta.",
+        "",
+    ]
+
+
+def _ppl_table(ppl: dict[str, Any], engine_label: str) -> list[str]:
     return [
         f"Perplexity on `{ppl['dataset']}` ({ppl['windows']} windows of {ppl['seq_len']} "
         f"tokens, {ppl['tokens_scored']} tokens scored; text {ppl['dataset_sha256']}).",

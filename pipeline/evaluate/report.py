@@ -40,11 +40,14 @@ def perplexity_report(
     engine_kl: float,
     engine_name: str,
     matmul_accuracy_level: int,
+    float_heads: tuple[list[str], float] | None = None,
 ) -> dict[str, Any]:
     """The `perplexity` block; ``kl`` and ``engine_kl`` are the quantized IR's and the
-    engine's mean per-token KL(original || model) in nats, on the same predictions."""
+    engine's mean per-token KL(original || model) in nats, on the same predictions;
+    ``float_heads``: (the quantized ones of embed_tokens / lm_head, the IR's perplexity with
+    them float), the block's `embedding_lm_head`: their share of the IR's delta."""
     original, quantized, engine = (round(v, _DIGITS) for v in (original, quantized, engine))
-    return {
+    block = {
         "dataset": dataset,
         "dataset_sha256": dataset_sha256,
         "seq_len": seq_len,
@@ -62,6 +65,15 @@ def perplexity_report(
         "engine_name": engine_name,
         "engine_matmul_accuracy_level": matmul_accuracy_level,
     }
+    if float_heads is not None:
+        modules, floated = float_heads[0], round(float_heads[1], _DIGITS)
+        block["embedding_lm_head"] = {
+            "quantized": modules,
+            "ir_with_them_float": floated,
+            "cost": round(quantized - floated, _DIGITS),
+            "relative_cost": round((quantized - floated) / floated, _DIGITS),
+        }
+    return block
 
 
 def _significant(value: float) -> float:

@@ -62,6 +62,7 @@ from ..model.kv_rounding import KVQuant
 from ..model.layer_source import LayerSource, ModelLayers
 from ..model.llama import LlamaModel
 from ..model.rope import inv_frequencies
+from .embedding import emit_embedding
 from .errors import ExportError
 from .graph import GraphBuilder
 from .weights import emit_linear, emit_linears
@@ -236,8 +237,8 @@ def _build(
 
     # One part of the model alive at a time: each is written, then let go (`del`) before the
     # next is read, so a disk source never holds two.
-    embed = g.array("embed_tokens.weight", src.embedding().numpy())
-    x = g.op("Gather", [embed, ids], "embed_tokens/Gather", axis=0)  # [S, Q, hidden]
+    embedding = emit_embedding(g, src, ids, h)
+    x = embedding.rows  # [S, Q, hidden]
     entering = {}  # layer index -> the residual stream entering it (EAGLE-3's aux states)
     for i in range(cfg.num_layers):
         entering[i] = x
@@ -251,9 +252,8 @@ def _build(
     final = src.final_norm()
     hidden = norm(g, cfg, picked, final, "norm", out="hidden")  # [N, hidden]
     del final
-    if src.lm_head_tied:
-        # Tied: reuse the embedding [V, hidden] through Gemm(transB) instead of storing W^T.
-        g.op("Gemm", [hidden, embed], "lm_head/Gemm", out="logits", transB=1)  # [N, V]
+    if src.lm_head_tied:  # the embedding's own initializers, float or quantized
+        embedding.logits(g, hidden, out="logits")  # [N, V]
     else:
         emit_linear(g, hidden, src.lm_head(), "lm_head", out="logits")  # [N, V]
 

@@ -156,6 +156,16 @@ class GraphBuilder:
         self.initializers.append(tensor)
         return tensor.name
 
+    def alias(self, name: str, of: str) -> str:
+        """A second initializer over the bytes of initializer `of` (the same location, offset
+        and length in the data file): stored once, read by two nodes as two tensors."""
+        source = next(t for t in self.initializers if t.name == of)
+        tensor = TensorProto(name=self.fresh(name), data_type=source.data_type, dims=source.dims)
+        tensor.data_location = TensorProto.EXTERNAL
+        tensor.external_data.extend(source.external_data)
+        self.initializers.append(tensor)
+        return tensor.name
+
     def array(self, name: str, value: np.ndarray) -> str:
         value = _little_endian(np.ascontiguousarray(value))
         elem_type = _NUMPY_TO_ONNX[value.dtype]

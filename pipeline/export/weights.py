@@ -23,7 +23,7 @@ from .errors import ExportError
 from .graph import GraphBuilder
 from .input_quant import emit_input_quantized
 
-__all__ = ["emit_linear", "emit_linears", "emit_dequantized_weight"]
+__all__ = ["emit_linear", "emit_linears", "emit_dequantized_weight", "emit_weight_codes"]
 
 
 def emit_linear(
@@ -120,14 +120,24 @@ def _concatenated(modules: Sequence[nn.Module], name: str) -> nn.Module | None:
 
 def emit_dequantized_weight(g: GraphBuilder, q: QuantizedLinear, name: str) -> str:
     """DequantizeLinear of the transposed codes: bitwise equal to ``q.dequantize().T``."""
+    if q.fp8:
+        return _dequantized_fp8(g, q, name)
+    inputs, attrs = emit_weight_codes(g, q, name)
+    return g.op("DequantizeLinear", inputs, f"{name}/DequantizeLinear", **attrs)
+
+
+def emit_weight_codes(
+    g: GraphBuilder, q: QuantizedLinear, name: str
+) -> tuple[list[str], dict[str, int]]:
+    """The initializers of integer codes (codes_t [K, N], scales_t [K/g, N] or [N], zero
+    points as the codes) and the DequantizeLinear attributes that dequantize them: what a
+    linear's weight reads, and a tied quantized embedding's gather too."""
     if q.g_idx is not None:
         raise ExportError(
             f"{name}: g_idx is set (act-order quantization); exporting permuted groups is not "
             "supported yet (it arrives with GPTQ export). Quantize without act order."
         )
     n, k = q.codes.shape
-    if q.fp8:
-        return _dequantized_fp8(g, q, name)
     signed = q.codes.dtype == torch.int8
     # Any width the IR's codes hold (one byte each); `_codes` picks the ONNX type.
     if q.codes.dtype not in (torch.int8, torch.uint8) or not 1 <= q.bits <= 8:
@@ -156,7 +166,7 @@ def emit_dequantized_weight(g: GraphBuilder, q: QuantizedLinear, name: str) -> s
     ]
     if zeros is not None:
         inputs.append(_codes(g, f"{name}.zero_points_t", zeros, q.bits, signed))
-    return g.op("DequantizeLinear", inputs, f"{name}/DequantizeLinear", **attrs)
+    return inputs, attrs
 
 
 def _dequantized_fp8(g: GraphBuilder, q: QuantizedLinear, name: str) -> str:

@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from ..model.family import TensorNames
 from ..model.llama import LlamaModel
+from ..model.qembedding import EMBEDDING, QuantizedEmbedding
 from ..model.qlinear import QuantizedLinear
 from .errors import InteropError
 
@@ -52,7 +53,8 @@ def split_model(
     """({IR module name: quantized linear}, {IR tensor name: float tensor}) of `model`.
 
     A quantized linear's own tensors (codes, scales, zero points, g_idx, bias) are not in the
-    float dict; each writer stores them its own way. A tied lm_head is left out. Unless the
+    float dict; each writer stores them its own way. A quantized embedding is in the float
+    dict dequantized (`embed_tokens.weight`); a tied lm_head is left out. Unless the
     format holds them (`activations`), linears that quantize their inputs (W8A8, FP8) or hold
     FP8 codes are refused: weight-only integer formats would misread them.
     """
@@ -64,11 +66,17 @@ def split_model(
                 f"interop: {name} has {what}; this format holds weight-only integer "
                 "quantization (compressed-tensors holds W8A8 and FP8)"
             )
+    table = model.embed_tokens
+    embedding = isinstance(table, QuantizedEmbedding)
     dense = {
         name: tensor
         for name, tensor in model.state_dict().items()
-        if tensor is not None and name.rpartition(".")[0] not in quantized
+        if tensor is not None
+        and name.rpartition(".")[0] not in quantized
+        and not (embedding and name.startswith(f"{EMBEDDING}."))
     }
+    if embedding:  # the formats' embeddings are float tables: written dequantized
+        dense[f"{EMBEDDING}.weight"] = table.dequantize()
     if model.lm_head_tied:
         dense.pop("lm_head.weight", None)
     return quantized, dense

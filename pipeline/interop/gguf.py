@@ -12,10 +12,12 @@ where c are ingot's codes (symmetric int4 in [-8, 7], int8 in [-128, 127], asymm
 [0, 2^b)), s its fp32 scale and z its zero point; a group of 64 or 128 is two or four blocks
 with the same d. Nibble j of a block is element j (low) and j + 16 (high). The codes are
 copied exactly; d = fp16(s) (and m = fp16(-z * s)) is the one rounding, so a block equals the
-IR's weights computed with fp16-rounded scales (Q4_1: and offsets). Anything else (other group
-sizes, asymmetric int8, act-order groups, float linears, the embedding) is F16; norms, biases
-and llama3's rope_freqs are F32. A tied float lm_head is not written (llama.cpp reuses
-token_embd); a quantized one is `output`.
+IR's weights computed with fp16-rounded scales (Q4_1: and offsets). A quantized embedding is
+encoded as a linear's weight (int8 symmetric per row or in groups of 32: Q8_0 `token_embd`).
+Anything else (other group sizes, asymmetric int8, act-order groups, float linears, a float
+embedding) is F16; norms, biases and llama3's rope_freqs are F32. A tied lm_head (float, or
+computing with a quantized embedding) is not written (llama.cpp reuses token_embd); a quantized
+one of its own is `output`.
 
 The model family says which llama.cpp architecture runs it (`ModelFamily.gguf`) and whether
 the rows RoPE rotates (q_proj / k_proj: codes, scales, zero points, bias) are permuted as
@@ -44,6 +46,7 @@ import torch
 from ..model.architecture import layer_linear, linear_shape
 from ..model.config import ModelConfig, RopeConfig
 from ..model.llama import LlamaModel
+from ..model.qembedding import EMBEDDING, QuantizedEmbedding
 from ..model.qlinear import QuantizedLinear
 from ..model.rope import inv_frequencies
 from .checks import gguf_model_problems
@@ -116,7 +119,11 @@ def _tensors(model: LlamaModel, permute: bool):
     cfg = model.cfg
     layer = cfg.family.layer
     rotated = layer.rotated if permute else ()
-    yield "embed_tokens.weight", _f16(model.embed_tokens.weight), "F16"
+    table = model.embed_tokens
+    if isinstance(table, QuantizedEmbedding):  # its codes in blocks when they fit, as lm_head's
+        yield from _linear(EMBEDDING, table.linear(), None, cfg)
+    else:
+        yield "embed_tokens.weight", _f16(table.weight), "F16"
     for i in range(cfg.num_layers):
         yield _norm(model, f"layers.{i}.{layer.norms[0]}")
         for linear in layer.linears:

@@ -18,9 +18,11 @@ from __future__ import annotations
 from .config import ModelConfig
 from .families.llama import DOWN, GATE_UP, LAYER, QKV, O
 from .family import LM_HEAD, Dim, LayerLinear, LayerSpec
+from .selection import EMBEDDING
 
 __all__ = [
     "DOWN",
+    "EMBEDDING_TABLE",
     "GATE_UP",
     "LAYER_GROUPS",
     "LAYER_LINEARS",
@@ -36,6 +38,7 @@ __all__ = [
     "linear_names",
     "linear_shape",
     "lm_head_source",
+    "parameter_count",
     "scaling_groups",
 ]
 
@@ -54,6 +57,11 @@ _LABELS: dict[Dim, str] = {
 }
 
 
+# The embedding table [vocab, hidden] is quantized as the weight of a linear hidden -> vocab
+# (lm_head's shape: blocks along hidden), so group sizes are checked as lm_head's are.
+EMBEDDING_TABLE = LayerLinear(EMBEDDING, "hidden", "vocab")
+
+
 def _layer(cfg: ModelConfig | None) -> LayerSpec:
     return LAYER if cfg is None else cfg.family.layer
 
@@ -63,6 +71,8 @@ def layer_linear(name: str, cfg: ModelConfig | None = None) -> LayerLinear:
     `cfg`'s family (None: the Llama layer)."""
     if name == LM_HEAD.name:
         return LM_HEAD
+    if name == EMBEDDING_TABLE.name:
+        return EMBEDDING_TABLE
     local = name.split(".", 2)[2] if name.startswith("layers.") else name
     layer = _layer(cfg)
     try:
@@ -105,13 +115,28 @@ def has_bias(cfg: ModelConfig, linear: LayerLinear) -> bool:
 def linear_names(cfg: ModelConfig) -> list[str]:
     """IR names of every linear a quantize entry may select, in model order.
 
-    The embedding is a lookup table, not a linear, so it is never selected. `lm_head` is
+    The embedding is a lookup table, not a linear: it is not listed, and an entry selects it
+    by its exact name only (`selection.embedding_entry`). `lm_head` is
     listed even with tied embeddings: it is then the embedding matrix used as a linear, and a
     recipe may still choose to quantize or ignore it.
     """
     linears = cfg.family.layer.linears
     per_layer = [f"layers.{i}.{m.name}" for i in range(cfg.num_layers) for m in linears]
     return [*per_layer, LM_HEAD.name]
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """The model's parameters: every layer's linears (biases included) and norms, the final
+    norm, the embedding, and lm_head unless tied."""
+    layer = sum(
+        dim_size(cfg, m.in_dim) * dim_size(cfg, m.out_dim)
+        + (dim_size(cfg, m.out_dim) if has_bias(cfg, m) else 0)
+        for m in cfg.family.layer.linears
+    )
+    norms = len(cfg.family.layer.norms) * cfg.hidden_size
+    table = cfg.vocab_size * cfg.hidden_size
+    head = 0 if cfg.tie_word_embeddings else table
+    return cfg.num_layers * (layer + norms) + cfg.hidden_size + table + head
 
 
 def lm_head_source(cfg: ModelConfig) -> str:

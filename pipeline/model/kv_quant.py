@@ -18,6 +18,7 @@ from torch import nn
 from .kv_rounding import KV_QMAX, KVDtype, KVQuant
 from .layer_source import LayerSource
 from .layers import DecoderLayer, RMSNorm
+from .qembedding import QuantizedEmbedding
 
 __all__ = ["KVQuantLayers", "KVScales", "attach_kv_scales"]
 
@@ -88,6 +89,9 @@ class KVQuantLayers:
 
     def embedding(self) -> torch.Tensor:
         return self.source.embedding()
+
+    def quantized_embedding(self) -> QuantizedEmbedding | None:
+        return self.source.quantized_embedding()
 
     def layer(self, i: int) -> DecoderLayer:
         return _rounding(self.source.layer(i), self.scales.layer(i))

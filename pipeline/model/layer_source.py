@@ -17,6 +17,7 @@ from torch import nn
 from .config import ModelConfig
 from .layers import DecoderLayer
 from .llama import LlamaModel
+from .qembedding import QuantizedEmbedding
 
 __all__ = ["LayerSource", "ModelLayers"]
 
@@ -32,7 +33,11 @@ class LayerSource(Protocol):
     def cfg(self) -> ModelConfig: ...
 
     def embedding(self) -> torch.Tensor:
-        """[vocab, hidden] float32: the token embedding table."""
+        """[vocab, hidden] float32: the token embedding table (a quantized one dequantized)."""
+        ...
+
+    def quantized_embedding(self) -> QuantizedEmbedding | None:
+        """The embedding's codes and scales when it is quantized, else None."""
         ...
 
     def layer(self, i: int) -> DecoderLayer:
@@ -65,7 +70,14 @@ class ModelLayers:
         return self.model.cfg
 
     def embedding(self) -> torch.Tensor:
-        return self.model.embed_tokens.weight.detach().float()
+        table = self.model.embed_tokens
+        if isinstance(table, QuantizedEmbedding):
+            return table.dequantize()
+        return table.weight.detach().float()
+
+    def quantized_embedding(self) -> QuantizedEmbedding | None:
+        table = self.model.embed_tokens
+        return table if isinstance(table, QuantizedEmbedding) else None
 
     def layer(self, i: int) -> DecoderLayer:
         return self.model.layers[i]

@@ -11,6 +11,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .layers import DecoderLayer, make_norm
+from .qembedding import QuantizedEmbedding
 from .rope import cos_sin
 
 __all__ = ["LlamaModel", "KVCache", "causal_mask"]
@@ -43,14 +44,22 @@ class LlamaModel(nn.Module):
         self.tie_lm_head()
 
     def tie_lm_head(self) -> None:
-        """Share the embedding's tensor with lm_head when the config ties them and lm_head is
-        float (a quantized lm_head holds codes of its own: it is then stored untied)."""
-        if self.cfg.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
+        """Share the embedding's tensor with lm_head when the config ties them: a quantized
+        embedding's codes (lm_head then computes with them), or a float embedding's weight
+        while lm_head is float (a quantized lm_head of a float embedding holds codes of its
+        own: it is then stored untied)."""
+        if not self.cfg.tie_word_embeddings:
+            return
+        if isinstance(self.embed_tokens, QuantizedEmbedding):
+            self.lm_head = self.embed_tokens.linear()
+        elif isinstance(self.lm_head, nn.Linear):
             self.lm_head.weight = self.embed_tokens.weight
 
     @property
     def lm_head_tied(self) -> bool:
         """lm_head computes with the embedding's own tensor: stored once, exported once."""
+        if isinstance(self.embed_tokens, QuantizedEmbedding):
+            return getattr(self.lm_head, "codes", None) is self.embed_tokens.codes
         return getattr(self.lm_head, "weight", None) is self.embed_tokens.weight
 
     def forward(
@@ -85,7 +94,7 @@ class LlamaModel(nn.Module):
         self, prompt: list[int], max_new_tokens: int, stop_at_eos: bool = True
     ) -> list[int]:
         """Reference greedy decoding with a contiguous KV cache: the oracle for the runtime."""
-        device = self.embed_tokens.weight.device
+        device = self.norm.weight.device
         logits, _, cache = self(torch.tensor([prompt], device=device))
         out: list[int] = []
         for _ in range(max_new_tokens):

@@ -183,6 +183,9 @@ class CheckpointReader:
     def embedding(self) -> torch.Tensor:
         return self.tensor("embed_tokens.weight")
 
+    def quantized_embedding(self) -> None:
+        return None  # a source checkpoint's embedding is float
+
     def layer(self, i: int) -> DecoderLayer:
         """Decoder layer ``i`` with its float weights."""
         with torch.device("meta"):

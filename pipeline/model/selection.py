@@ -7,7 +7,17 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeVar
 
-__all__ = ["Selects", "entry_for", "module_selected", "pattern_matches", "selected"]
+__all__ = [
+    "EMBEDDING",
+    "Selects",
+    "embedding_entry",
+    "entry_for",
+    "module_selected",
+    "pattern_matches",
+    "selected",
+]
+
+EMBEDDING = "embed_tokens"  # the token embedding's IR name: selected by this exact name only
 
 
 class Selects(Protocol):
@@ -47,6 +57,18 @@ def entry_for(name: str, entries: Sequence[E]) -> E | None:
     """The entry that selects module `name` (the recipe checks allow at most one), or None."""
     for entry in entries:
         if module_selected(name, entry.targets, entry.ignore):
+            return entry
+    return None
+
+
+def embedding_entry(entries: Sequence[E]) -> E | None:
+    """The entry whose `targets` name the embedding exactly (and whose `ignore` does not), or
+    None. A regex target never selects it: recipes written before the embedding could be
+    quantized (`re:.*`) keep their meaning."""
+    for entry in entries:
+        if EMBEDDING in entry.targets and not any(
+            pattern_matches(p, EMBEDDING) for p in entry.ignore
+        ):
             return entry
     return None
 

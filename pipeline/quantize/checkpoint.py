@@ -26,6 +26,7 @@ from ..model.config import ModelConfig
 from ..model.input_quant import InputQuant
 from ..model.layers import DecoderLayer
 from ..model.llama import LlamaModel
+from ..model.qembedding import EMBEDDING, QuantizedEmbedding
 from ..model.qlinear import QuantizedLinear
 
 M = TypeVar("M", bound=nn.Module)
@@ -59,6 +60,8 @@ def quantized_modules(module: nn.Module) -> dict[str, dict[str, Any]]:
     ``module`` (input_quant: `InputQuant.to_dict`, only for linears that quantize inputs)."""
     found = {}
     for name, m in module.named_modules():
+        if isinstance(m, QuantizedEmbedding):
+            found[name] = {"bits": m.bits, "group_size": m.group_size}
         if isinstance(m, QuantizedLinear):
             found[name] = {"bits": m.bits, "group_size": m.group_size}
             if m.input_quant is not None:
@@ -70,10 +73,20 @@ def _install_quantized(
     module: nn.Module, quantized: dict[str, dict[str, Any]], state: dict[str, torch.Tensor]
 ) -> None:
     """Replace the named linears of ``module`` by QuantizedLinears built from (and popped out
-    of) ``state``."""
+    of) ``state``; the embedding (`EMBEDDING`) by a QuantizedEmbedding."""
     for name, q in quantized.items():
         parent_name, _, child = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
+        if name == EMBEDDING:
+            table = QuantizedEmbedding(
+                codes=state.pop(f"{name}.codes"),
+                scales=state.pop(f"{name}.scales"),
+                zero_points=state.pop(f"{name}.zero_points", None),
+                bits=q["bits"],
+                group_size=q["group_size"],
+            )
+            setattr(parent, child, table)
+            continue
         setattr(
             parent,
             child,
@@ -100,10 +113,11 @@ def write_ir_config(cfg: ModelConfig, quantized: dict[str, dict[str, Any]], out:
 
 
 def save_ir(model: LlamaModel, out: Path) -> None:
-    state = _state(model)
-    if model.lm_head_tied:
-        state.pop("lm_head.weight")  # stored once, as the embedding
-    write_ir_config(model.cfg, quantized_modules(model), out)
+    state, quantized = _state(model), quantized_modules(model)
+    if model.lm_head_tied:  # stored once, as the embedding (`tie_lm_head` shares it at load)
+        state = {k: v for k, v in state.items() if not k.startswith("lm_head.")}
+        quantized.pop("lm_head", None)
+    write_ir_config(model.cfg, quantized, out)
     save_file(state, str(out / "ir.safetensors"))
 
 

@@ -60,7 +60,8 @@ from ..model.config import ModelConfig
 from ..model.layer_source import LayerSource, ModelLayers
 from ..model.layers import DecoderLayer
 from ..model.llama import LlamaModel
-from ..model.selection import entry_for
+from ..model.qembedding import QuantizedEmbedding
+from ..model.selection import EMBEDDING, embedding_entry, entry_for
 from .checkpoint import (
     TensorSource,
     layer_tensor_sources,
@@ -103,11 +104,16 @@ class _Finished(Protocol):
 
     def put_lm_head(self, head: nn.Module) -> None: ...
 
+    def embedding_done(self) -> bool: ...
+
+    def put_embedding(self, table: QuantizedEmbedding) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class LayerCheckpoints:
     """``<root>/layer_{i}.*`` files of finished layers; ``layer_{i}.done`` is written last.
-    A quantized lm_head is ``lm_head.*`` (+ ``lm_head.done``)."""
+    A quantized lm_head is ``lm_head.*`` (+ ``lm_head.done``), a quantized embedding
+    ``embed_tokens.*`` (+ ``embed_tokens.done``)."""
 
     root: Path
     cfg: ModelConfig
@@ -141,6 +147,19 @@ class LayerCheckpoints:
         save_layer(holder, self.lm_head_stem)
         self._mark("lm_head")
 
+    @property
+    def embedding_stem(self) -> Path:
+        return self.root / EMBEDDING
+
+    def embedding_done(self) -> bool:
+        return (self.root / f"{EMBEDDING}.done").exists()
+
+    def put_embedding(self, table: QuantizedEmbedding) -> None:
+        holder = nn.Module()  # its tensors' IR names: embed_tokens.codes, ...
+        holder.embed_tokens = table
+        save_layer(holder, self.embedding_stem)
+        self._mark(EMBEDDING)
+
     def _mark(self, stem: str) -> None:
         marker = self.root / f"{stem}.done"
         tmp = marker.with_suffix(".done-tmp")
@@ -168,6 +187,13 @@ class _InModel:
 
     def put_lm_head(self, head: nn.Module) -> None:
         self.model.lm_head = head
+
+    def embedding_done(self) -> bool:
+        return False
+
+    def put_embedding(self, table: QuantizedEmbedding) -> None:
+        self.model.embed_tokens = table
+        self.model.tie_lm_head()  # a tied lm_head computes with the quantized table
 
 
 def quantize_layers(
@@ -262,7 +288,7 @@ def _walk(
     where: _Where,
     on_layer: OnLayer | None,
 ) -> None:
-    """Every layer once, in order, then lm_head."""
+    """Every layer once, in order, then the embedding and lm_head."""
     n = source.cfg.num_layers
     done = [finished.done(i) for i in range(n)]
     # The last layer to quantize: a layer's outputs are needed only by a later one.
@@ -287,6 +313,7 @@ def _walk(
                 event = "quantized"
             if on_layer is not None:
                 on_layer(i, event)
+    _quantize_embedding(source, entries, finished)
     _quantize_lm_head(source, entries, finished)
 
 
@@ -316,10 +343,32 @@ def _quantize_lm_head(
     entry = entry_for(LM_HEAD.name, entries)
     if entry is None or finished.lm_head_done():
         return
+    if source.cfg.tie_word_embeddings and embedding_entry(entries) is not None:
+        return  # tied: lm_head computes with the quantized embedding's codes
     with torch.no_grad():
         rounded = method_of(entry).round(source.lm_head(), entry)
     if rounded is not None:
         finished.put_lm_head(rounded)
+
+
+def _quantize_embedding(
+    source: LayerSource, entries: Sequence[QuantEntry], finished: _Finished
+) -> None:
+    """The table [V, H] rounded as the weight of a linear with V outputs (blocks along H):
+    after the walk, so the layers are calibrated on the float embedding, as the check's
+    reference is. Only rounding without data applies here (the recipe checks)."""
+    entry = embedding_entry(entries)
+    if entry is None or finished.embedding_done():
+        return
+    table = source.embedding()  # [V, H]
+    with torch.device("meta"):
+        linear = nn.Linear(table.shape[1], table.shape[0], bias=False)
+    linear.weight = nn.Parameter(table, requires_grad=False)
+    with torch.no_grad():
+        rounded = method_of(entry).round(linear, entry)
+    if rounded is None:
+        raise ValueError(f"quantize: {entry.method} does not round without data (embed_tokens)")
+    finished.put_embedding(QuantizedEmbedding.of(rounded))
 
 
 @dataclass(slots=True)
@@ -401,10 +450,13 @@ def _write_ir(
     h, v = cfg.hidden_size, cfg.vocab_size
     f32 = torch.float32
     tensors: list[TensorSource] = [
-        ("embed_tokens.weight", (v, h), f32, source.embedding),
         ("norm.weight", (h,), f32, lambda: source.final_norm().weight.detach()),
     ]
     stems = [(checkpoints.stem(i), f"layers.{i}.") for i in range(cfg.num_layers)]
+    if checkpoints.embedding_done():  # a tied lm_head is then its codes: nothing stored
+        stems.append((checkpoints.embedding_stem, ""))
+    else:
+        tensors.append(("embed_tokens.weight", (v, h), f32, source.embedding))
     if checkpoints.lm_head_done():
         stems.append((checkpoints.lm_head_stem, ""))
     elif not source.lm_head_tied:

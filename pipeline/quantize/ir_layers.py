@@ -8,7 +8,8 @@ Nothing is cached: what a caller lets go is freed, and a model costs one layer o
 The format is the quantize stage's (``pipeline/quantize/checkpoint.py``): ``ir_config.json``
 holds the ModelConfig and the quantized linears ({name: {bits, group_size}}); a quantized linear
 ``<name>`` is stored as ``<name>.codes``, ``.scales`` and, when present, ``.zero_points``,
-``.g_idx``, ``.bias``; a tied float lm_head is not stored (it is the embedding).
+``.g_idx``, ``.bias``; a quantized embedding ``embed_tokens`` as ``.codes``, ``.scales`` (and
+``.zero_points``); a tied lm_head is not stored (it is the embedding, float or quantized).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import nn
 
 from ..model.config import ModelConfig
 from ..model.layers import DecoderLayer, RMSNorm
+from ..model.qembedding import EMBEDDING, QuantizedEmbedding
 from .checkpoint import fill_module
 
 __all__ = ["IRLayers", "IR_CONFIG", "IR_TENSORS"]
@@ -53,11 +55,23 @@ class IRLayers:
 
     @property
     def lm_head_tied(self) -> bool:
-        """`LlamaModel.tie_lm_head`'s rule: the config ties and lm_head is float."""
+        """`LlamaModel.tie_lm_head`'s rule: the config ties and lm_head has no codes of its
+        own (it is float, or computes with the quantized embedding's)."""
         return self._cfg.tie_word_embeddings and "lm_head" not in self._quantized
 
     def embedding(self) -> torch.Tensor:
+        table = self.quantized_embedding()
+        if table is not None:
+            return table.dequantize()
         return self._read(["embed_tokens.weight"])["embed_tokens.weight"].float()
+
+    def quantized_embedding(self) -> QuantizedEmbedding | None:
+        if EMBEDDING not in self._quantized:
+            return None
+        holder = nn.Module()
+        with torch.device("meta"):
+            holder.embed_tokens = nn.Embedding(self._cfg.vocab_size, self._cfg.hidden_size)
+        return self._module(holder, "", only=f"{EMBEDDING}.").embed_tokens
 
     def layer(self, i: int) -> DecoderLayer:
         if not 0 <= i < self._cfg.num_layers:
@@ -76,6 +90,9 @@ class IRLayers:
         with torch.device("meta"):
             head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if self.lm_head_tied:  # computes with the embedding's own tensor, as LlamaModel's does
+            table = self.quantized_embedding()
+            if table is not None:
+                return table.linear().eval()
             head.weight = nn.Parameter(self.embedding())
             return head.eval()
         if "lm_head" in self._quantized:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..model.selection import selected
+from ..model.selection import embedding_entry, selected
 from .method import QuantEntry, method_of
 
 __all__ = ["summaries"]
@@ -19,9 +19,10 @@ def summaries(
     searched: Mapping[int, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """One record per entry: what its method records of it (`QuantMethod.record`: the settings
-    as the recipe states them), plus how many of the linears `names` it selects (written to
-    quantize.json, then the manifest). `searched`: {index: the search's record} of entries
-    resolved before the walk (`Resolution.record`, with its `resolved` entries' records)."""
+    as the recipe states them), plus how many of the linears `names` it selects, the
+    embedding counting as one (written to quantize.json, then the manifest). `searched`:
+    {index: the search's record} of entries resolved before the walk (`Resolution.record`,
+    with its `resolved` entries' records)."""
     names, searched = list(names), searched or {}
     records = []
     for i, e in enumerate(entries):
@@ -31,5 +32,6 @@ def summaries(
             modules = sum(r["modules"] for r in found["resolved"])
             records.append({**record, **found, "modules": modules})
         else:
-            records.append({**record, "modules": len(selected(e, names))})
+            embedding = embedding_entry([e]) is not None  # never among `names` (linears)
+            records.append({**record, "modules": len(selected(e, names)) + embedding})
     return records

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..model.architecture import dim_label, dim_size, layer_linear, linear_names
+from ..model.architecture import LM_HEAD, dim_label, dim_size, layer_linear, linear_names
 from ..model.config import ModelConfig
-from ..model.selection import pattern_matches, selected
+from ..model.selection import EMBEDDING, embedding_entry, pattern_matches, selected
 from ..quantize.fields import GROUP_SIZES
 from ..quantize.method import method_of
+from .embedding import embedding_problems
 from .errors import format_problem
 from .quantize import Quantize
 from .recipe import Recipe
@@ -37,14 +38,18 @@ def quantize_problems(entries: Sequence[Quantize], cfg: ModelConfig, path: str) 
         pattern_problems = _check_patterns(at, entry, modules)
         problems += pattern_problems
         chosen = selected(entry, modules)
+        if embedding_entry([entry]) is not None:  # named exactly (selection.py)
+            chosen = [EMBEDDING, *chosen]
+            problems += embedding_problems(at, entry, chosen, cfg)
         if not chosen and not pattern_problems:
             problems.append(f"{at}: selects no module (its ignore covers its targets)")
         problems += _check_group_size(at, entry, chosen, cfg)
-        problems += method_of(entry).model_problems(at, entry, chosen, cfg)
+        linears = [m for m in chosen if m != EMBEDDING]
+        problems += method_of(entry).model_problems(at, entry, linears, cfg)
         for inside, inner in method_of(entry).nested(entry).items():  # auto's candidates
             problems += _check_group_size(f"{at}.{inside}", inner, chosen, cfg)
-            problems += method_of(inner).model_problems(f"{at}.{inside}", inner, chosen, cfg)
-        if entry.calibrated and "lm_head" in chosen:
+            problems += method_of(inner).model_problems(f"{at}.{inside}", inner, linears, cfg)
+        if entry.calibrated and LM_HEAD.name in chosen:
             problems.append(
                 f"{at}.ignore: {entry.method} quantizes decoder-layer linears only "
                 "and lm_head is selected (add lm_head to ignore, or quantize it with an rtn entry)"
@@ -65,10 +70,11 @@ def _check_max_seq_len(recipe: Recipe, cfg: ModelConfig) -> list[str]:
 def _check_patterns(at: str, entry: Quantize, modules: list[str]) -> list[str]:
     # A pattern that matches nothing is almost always a typo ("layers.0.atn.q_proj").
     problems = []
-    example = f"names like {modules[0]}, {modules[1]}, {modules[-1]}, or re:<regex>"
+    example = f"names like {modules[0]}, {modules[1]}, {modules[-1]}, {EMBEDDING}, or re:<regex>"
+    known = [*modules, EMBEDDING]
     for field in ("targets", "ignore"):
         for j, pattern in enumerate(getattr(entry, field)):
-            if not any(pattern_matches(pattern, m) for m in modules):
+            if not any(pattern_matches(pattern, m) for m in known):
                 what = "matches no module of the source model"
                 problems.append(format_problem(f"{at}.{field}.{j}", what, pattern, example))
     return problems

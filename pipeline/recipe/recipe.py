@@ -4,7 +4,7 @@ the recipe's JSON Schema.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -32,6 +32,12 @@ class Recipe(_Strict):
     )
     quantize: list[Quantize] = Field(
         default=[], description="Quantization passes; each module is quantized by at most one."
+    )
+    embedding_and_lm_head: Literal["auto", "float"] = Field(
+        default="auto",
+        description="When no quantize entry selects embed_tokens or lm_head: auto quantizes "
+        "both (rtn int8, one scale per row) for a source of 1e9 parameters or more whose "
+        "recipe quantizes anything, and keeps them float below; float keeps them float.",
     )
     kv_cache: KvCache = Field(default=KvCache(), description="Paged KV cache layout.")
     export: Export = Field(default=Export(), description="ONNX export settings.")

@@ -29,6 +29,7 @@ from ingot.runtime.loader import DrafterFiles, EngineFiles
 from ..cache import code_digest
 from ..engines import ENGINE_BUILDERS
 from ..evaluate.engine import engine_perplexity
+from ..evaluate.heads import quantized_heads, with_float_heads
 from ..evaluate.markdown import render_markdown
 from ..evaluate.perplexity import perplexity
 from ..evaluate.reference import KLMeter, ReferenceLogits
@@ -250,6 +251,10 @@ def _perplexity(
         model = load_ir(ir_dir)
         quantized_kl = KLMeter(reference)
         quantized = perplexity(model, windows, on_logits=quantized_kl.add)
+        heads = quantized_heads(model)
+        float_heads = None  # the IR with a float embedding and lm_head: what they cost
+        if heads:
+            float_heads = perplexity(with_float_heads(model, source_path), windows)
         del model
         gc.collect()
         engine_kl = KLMeter(reference)
@@ -270,4 +275,5 @@ def _perplexity(
         # The report's field since ONNX Runtime was the only engine (None for an engine
         # without MatMulNBits levels); report.md describes the engine through its plug-in.
         matmul_accuracy_level=engine.engine.build.get("matmul_accuracy_level"),
+        float_heads=None if float_heads is None else (heads, float_heads),
     )

@@ -18,7 +18,7 @@ from ..evaluate.windows import EvalWindows, eval_windows
 from ..heads.attach import AttachedHeads, resolve_heads
 from ..heads.eagle_attach import AttachedEagle, resolve_eagle
 from ..model.config import ModelConfig
-from ..preflight import check_recipe_against_model
+from ..preflight import check_recipe_against_model, with_model_defaults
 from ..recipe import Recipe, RecipeError, load_recipe
 from ..source import ResolvedSource, resolve_source
 from .calibrate import PreparedCalibration, prepare_calibration
@@ -43,6 +43,7 @@ class BuildInputs:
     speculative: SpeculativePrompts | None  # evaluate.speculative's prompts
     calibration: PreparedCalibration | None  # the target's windows, when a stage needs them
     draft_calibration: PreparedCalibration | None  # the same data, by the draft's tokenizer
+    defaulted: tuple[int, ...] = ()  # quantize entries the model's size added (the lock's)
 
 
 def prepare(recipe_path: str | Path) -> BuildInputs:
@@ -52,6 +53,8 @@ def prepare(recipe_path: str | Path) -> BuildInputs:
     recipe = load_recipe(recipe_path)
     source = resolve_source(recipe.stage_slice("source")["source"])
     cfg = ModelConfig.from_hf(source.hf_config)
+    written = len(recipe.quantize)
+    recipe = with_model_defaults(recipe, cfg)  # the stages, the lock and the checks see it
     check_recipe_against_model(recipe, cfg)
     draft = resolve_draft(recipe, source, cfg)  # a draft that cannot serve fails here
     heads = resolve_heads(recipe, recipe_path, cfg)  # and attached Medusa heads
@@ -80,6 +83,7 @@ def prepare(recipe_path: str | Path) -> BuildInputs:
         speculative,
         calibration,
         draft_calibration,
+        tuple(range(written, len(recipe.quantize))),
     )
 
 

@@ -42,6 +42,7 @@ BENCHMARKS = {
     "benchmarks.quantize.w8a8_quality": (["w8a8_quality"], None, "_markdown"),
     "benchmarks.quantize.w8a8_speed": (["w8a8_speed"], None, "_markdown"),
     "benchmarks.quantize.auto_precision": (["auto_precision"], None, "_markdown"),
+    "benchmarks.quantize.embedding_heads": (["embedding_heads"], None, "_markdown"),
     "benchmarks.scale.scale": (["scale", "scale-ortgenai-8b"], None, "_markdown"),
     "benchmarks.scale.registry": (["registry"], None, "_markdown"),
     "benchmarks.scale.coldstart": (["coldstart"], None, "_markdown"),

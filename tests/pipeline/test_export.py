@@ -292,6 +292,9 @@ class _OnePartAtATime:
     def embedding(self):
         return self._give("embedding", self.model.embed_tokens.weight.detach().float().clone())
 
+    def quantized_embedding(self):
+        return None  # a float embedding
+
     def layer(self, i):
         return self._give(f"layer {i}", self._copy(self.model.layers[i]))
 

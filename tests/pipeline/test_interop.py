@@ -272,6 +272,38 @@ def test_transformers_loads_compressed_tensors(tmp_path, checkpoint):
         torch.testing.assert_close(logits, _ir_fp16_floats(ir)(ids)[0], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_transformers_loads_a_quantized_lm_head_and_the_embedding_dequantized(tmp_path, tied):
+    """An IR whose embedding and lm_head are int8 per row: compressed-tensors holds the
+    lm_head quantized (a `lm_head` target; untied) and the embedding as the float table the
+    format has (dequantized, in fp16); transformers computes the IR's logits."""
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = make_checkpoint(tmp_path / "ckpt", "llama", tie_word_embeddings=tied)
+    model = load_model(checkpoint)
+    heads = {"method": "rtn", "bits": 8, "group_size": -1, "ignore": []}
+    entries = [
+        {"method": "rtn", "bits": 4, "group_size": 32, "targets": ["re:layers\\..*"]},
+        {**heads, "targets": ["embed_tokens", "lm_head"]},
+    ]
+    quantize_model(model, [quantize_entry(e) for e in entries])
+    ir = tmp_path / "ir"
+    ir.mkdir()
+    save_ir(model, ir)
+    write_interop("compressed-tensors", ir, checkpoint, tmp_path / "ct")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ct", dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 9, 40, 7, 100, 3]])
+    with torch.no_grad():
+        logits = hf(ids).logits
+    assert torch.equal(hf.lm_head.weight, model.lm_head.dequantize())
+    table = model.embed_tokens.dequantize()
+    assert torch.equal(hf.model.embed_tokens.weight, table.half().float())
+    reference = _ir_fp16_floats(ir)
+    reference.embed_tokens = torch.nn.Embedding.from_pretrained(table.half().float())
+    with torch.no_grad():
+        torch.testing.assert_close(logits, reference(ids)[0], atol=1e-4, rtol=1e-4)
+
+
 # -- compressed-tensors, asymmetric (AWQ) -------------------------------------------------------
 # Zero points packed along the output channels, as the format has them; why transformers >= 5.23
 # then needs dequantize=True (upstream's bug): interop/compressed_tensors.py, docs/design.md.

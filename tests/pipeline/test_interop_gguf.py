@@ -28,6 +28,7 @@ from ingot.pipeline.interop import InteropError, interop_problems, write_interop
 from ingot.pipeline.interop.gguf import GGUF_FILE
 from ingot.pipeline.model.config import ModelConfig
 from ingot.pipeline.model.load import load_model
+from ingot.pipeline.model.qembedding import QuantizedEmbedding
 from ingot.pipeline.model.qlinear import QuantizedLinear
 from ingot.pipeline.quantize.apply import quantize_model
 from ingot.pipeline.quantize.checkpoint import load_ir, save_ir
@@ -265,6 +266,17 @@ def test_float_tensors_tied_and_quantized_lm_head(tmp_path):
     np.testing.assert_array_equal(dequantize(np.asarray(head.data), "Q4_0"), _fp16_scales(lm_head))
 
 
+def test_quantized_embedding_is_q8_0_token_embd_read_by_a_tied_head(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "tied", "llama", tie_word_embeddings=True)
+    ir, path = _export(tmp_path, ckpt, {"bits": 4, "group_size": 32}, HEADS_PER_ROW)
+    tensors = _tensors(path)
+    assert "output.weight" not in tensors  # tied: the logits come from token_embd too
+    embed = tensors["token_embd.weight"]
+    assert embed.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    table = load_ir(ir).embed_tokens.linear()  # the IR's codes, fp16 scales: exactly the file's
+    np.testing.assert_array_equal(dequantize(np.asarray(embed.data), "Q8_0"), _fp16_scales(table))
+
+
 # -- metadata and tokenizer ---------------------------------------------------------------------
 
 
@@ -378,11 +390,13 @@ def _as_written(model) -> None:
     (embedding, float linears), so it computes with the file's exact weights."""
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, QuantizedLinear):
+            if isinstance(m, QuantizedLinear | QuantizedEmbedding):
                 m.scales.copy_(m.scales.half().float())
             elif isinstance(m, torch.nn.Linear | torch.nn.Embedding):
                 m.weight.copy_(m.weight.half().float())
 
+
+HEADS_PER_ROW = {"bits": 8, "group_size": -1, "targets": ["embed_tokens", "lm_head"], "ignore": []}
 
 # Random-weight variants: what each one exercises in the writer.
 VARIANTS = {
@@ -407,6 +421,9 @@ VARIANTS = {
     "llama-q4_1": ("llama", {}, {"symmetric": False}),  # asymmetric int4
     # groups of 128: four blocks sharing a scale; a quantized lm_head is `output`
     "llama-g128-head": ("llama", {"hidden_size": 128}, {"group_size": 128, "ignore": []}),
+    # a quantized embedding is Q8_0 token_embd: tied (per row, also the logits), untied (g32)
+    "llama-tied-q8_0-embedding": ("llama", {"tie_word_embeddings": True}, {}, HEADS_PER_ROW),
+    "llama-q8_0-embedding-g32": ("llama", {}, {}, {**HEADS_PER_ROW, "group_size": 32}),
 }
 
 
@@ -421,7 +438,7 @@ def test_llama_cpp_logits_match_the_ir(tmp_path, variant):
     logits are off by ~5 standard deviations and the argmax agrees at 8-19% of positions."""
     arch, overrides, *spec = VARIANTS[variant]
     ckpt = make_checkpoint(tmp_path / "ckpt", arch, **overrides)
-    ir = _ir(tmp_path, ckpt, {"bits": 4, "group_size": 32, **(spec[0] if spec else {})})
+    ir = _ir(tmp_path, ckpt, {"bits": 4, "group_size": 32, **(spec[0] if spec else {})}, *spec[1:])
     model = load_ir(ir)
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():  # the fixture's biases are zero: make them count

@@ -131,6 +131,25 @@ def test_model_and_weight_forms(tmp_path_factory, arch, recipe):
     assert _generate(artifact, "openvino") == _generate(artifact, "onnxruntime")
 
 
+# The embedding and lm_head quantized (pipeline/export/embedding.py): one int8 table per row
+# that a tied model's lookup and lm_head both read; untied, int8 blocks of 32 with zero points.
+HEADS = {
+    "tied-per-row": (True, {"group_size": -1, "symmetric": True}),
+    "untied-g32-asymmetric": (False, {"group_size": 32, "symmetric": False}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HEADS))
+def test_quantized_embedding_and_lm_head(tmp_path_factory, case):
+    tied, grid = HEADS[case]
+    heads = {"method": "rtn", "bits": 8, "targets": ["embed_tokens", "lm_head"], "ignore": []}
+    recipe = {"quantize": [{"method": "rtn", "bits": 4, "group_size": 32}, {**heads, **grid}]}
+    artifact = openvino_artifact_of(
+        tmp_path_factory, f"ov-heads-{case}", recipe=recipe, tie_word_embeddings=tied
+    )
+    assert _generate(artifact, "openvino") == _generate(artifact, "onnxruntime")
+
+
 def test_ngram_speculation_equals_plain(artifact, alone):
     config = {"method": "ngram", "num_speculative_tokens": 3, **ALWAYS}
     model = LoadedModel.load(artifact, engine="openvino", speculative_config=config)

@@ -163,7 +163,7 @@ def build_model(w: GraphWeights, s: ModelShape, hidden: bool = False) -> ov.Mode
         for i in range(s.num_layers)
     ]
     axis0 = ops.constant(np.int64(0))
-    x = ops.gather(w.constant("embed_tokens.weight"), ids, axis0).output(0)  # [T, hidden]
+    x = w.embedding(ids)  # [T, hidden]
     half = _ints([0, 1, s.head_dim // 2])  # [T, 1, D/2]: 0 keeps T (special_zero)
     cos = ops.reshape(ops.gather(w.constant("rope.cos_cache"), positions, axis0), half, True)
     sin = ops.reshape(ops.gather(w.constant("rope.sin_cache"), positions, axis0), half, True)
@@ -175,6 +175,8 @@ def build_model(w: GraphWeights, s: ModelShape, hidden: bool = False) -> ov.Mode
     normed = _rms_norm(picked, w.constant("norm.weight"), s.rms_eps)  # [N, hidden]
     if _has_linear(w, "lm_head"):
         logits = w.linear(normed, "lm_head")
+    elif _has_linear(w, "embed_tokens"):  # tied to a quantized table: its compressed weight
+        logits = w.linear(normed, "embed_tokens")
     else:  # tied: the embedding [V, hidden], transposed in the MatMul
         logits = ops.matmul(normed, w.constant("embed_tokens.weight"), False, True).output(0)
     results = [_result(logits, "logits")]

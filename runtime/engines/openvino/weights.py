@@ -73,6 +73,7 @@ class GraphWeights:
         self._constants = {
             name: op for name, op in self._ops.items() if op.get_type_name() == "Constant"
         }
+        self._built: dict[str, ov.Output] = {}  # name -> its compressed weight subgraph
 
     def has(self, name: str) -> bool:
         return name in self._constants
@@ -129,7 +130,7 @@ class GraphWeights:
         layers = []
         for value in concat.input_values():
             name = value.get_node().get_friendly_name()
-            if name == "embed_tokens/Gather":
+            if name.startswith("embed_tokens/"):  # the Gather, or a quantized table's rows
                 layers.append(0)
             elif name.startswith("layers.") and name.endswith("/mlp_residual"):
                 layers.append(int(name.split(".")[1].split("/")[0]) + 1)
@@ -145,6 +146,16 @@ class GraphWeights:
             if self.has(name + suffix):
                 return self.shape(name + suffix)[1]  # [K, N]
         return None
+
+    def embedding(self, ids: ov.Output) -> ov.Output:
+        """The rows of `ids` [T] -> [T, hidden]: of the float table `embed_tokens.weight`, or
+        of the quantized one (`embed_tokens.codes_t` [hidden, V], as a linear's) through the
+        same compressed-weight subgraph a tied lm_head reads, which the CPU plugin gathers
+        from as codes (its GatherCompressed), never as a float table."""
+        axis0 = ops.constant(np.int64(0))
+        if self.has("embed_tokens.weight"):
+            return ops.gather(self.constant("embed_tokens.weight"), ids, axis0).output(0)
+        return ops.gather(self._compressed("embed_tokens"), ids, axis0).output(0)
 
     def linear(self, x: ov.Output, name: str) -> ov.Output:
         """y = x @ W (+ bias) for ingot's linear `name`: x [..., K] -> [..., N]."""
@@ -165,7 +176,13 @@ class GraphWeights:
         return y
 
     def _compressed(self, name: str) -> ov.Output:
-        """The dequantized weight [N, K] of `name`'s codes, scales and zero points."""
+        """The dequantized weight [N, K] of `name`'s codes, scales and zero points; built once
+        per name, so a tied model's lookup and lm_head read one constant."""
+        if name not in self._built:
+            self._built[name] = self._decompression(name)
+        return self._built[name]
+
+    def _decompression(self, name: str) -> ov.Output:
         codes = self.constant(f"{name}.codes_t")
         element = codes.get_output_element_type(0)
         if element not in _CODES:
