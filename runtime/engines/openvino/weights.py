@@ -167,8 +167,6 @@ class GraphWeights:
             )
         if self.has(f"{name}.weight_t"):  # a float linear: fp32 [K, N]
             y = ops.matmul(x, self.constant(f"{name}.weight_t"), False, False).output(0)
-        elif self.has(name + _FUSED):
-            y = ops.matmul(x, self._fused(name), False, True).output(0)
         else:
             y = ops.matmul(x, self._compressed(name), False, True).output(0)
         if self.has(f"{name}.bias"):
@@ -179,7 +177,8 @@ class GraphWeights:
         """The dequantized weight [N, K] of `name`'s codes, scales and zero points; built once
         per name, so a tied model's lookup and lm_head read one constant."""
         if name not in self._built:
-            self._built[name] = self._decompression(name)
+            fused = self.has(name + _FUSED)  # the onnxruntime engine's MatMulNBits form
+            self._built[name] = self._fused(name) if fused else self._decompression(name)
         return self._built[name]
 
     def _decompression(self, name: str) -> ov.Output:
