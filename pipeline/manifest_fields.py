@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .engines.base import reads_graph
+from .engines.base import reads_graph, weights_engine
 from .model.config import ModelConfig
 from .recipe import Recipe
 
@@ -25,14 +25,16 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class ModelRecords:
     """What one model's stages recorded: the quantize stage's summary, the export's graph
-    interface, each engine's record and check (in target order), and where its engines go in
-    the artifact (`root`: "" for the target, "draft/" for a draft model)."""
+    interface, each engine's record and check (in target order), where its engines go in
+    the artifact (`root`: "" for the target, "draft/" for a draft model) and whether its
+    portable graph goes too (`portable`; engines/base.py `ships_portable`)."""
 
     quantization: Any
     graph: dict[str, Any]
     engines: list[dict[str, Any]] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
     root: str = ""
+    portable: bool = True
 
 
 def manifest_fields(
@@ -48,7 +50,7 @@ def manifest_fields(
         "recipe": _recipe_as_written(recipe, recipe_path),
         "model": _model_fields(recipe, cfg, target.quantization),
         "tokenizer": {"path": "tokenizer.json", "bos_token": None, "eos_token": None},
-        "graph": target.graph,
+        "graph": _graph_entry(target),
         "engines": _engine_entries(target),
         "eval": {"export_check": target.checks[0]},
     }
@@ -107,25 +109,46 @@ def speculative_fields(
     return fields
 
 
+def _graph_entry(model: ModelRecords) -> dict[str, Any]:
+    """The graph interface; its path the portable graph's where the artifact ships it, else
+    the first engine's file (as a draft model's)."""
+    if model.portable:
+        return model.graph
+    return {**model.graph, "path": _engine_entries(model)[0]["path"]}
+
+
 def _engine_entries(model: ModelRecords) -> list[dict[str, Any]]:
     """The manifest's engine entries: each stage's record, its path inside the artifact (under
-    the model's root: its engine directory, or the model's graph for an engine built from it
-    at load), and the check of that engine against the IR under ``build.check`` (the entry's
-    schema admits no new top-level field; ``build`` is free-form and informational)."""
+    the model's root: its engine directory; for an engine built at load from the graph's
+    weights, the engine file holding them, else the model's portable graph) with what else it
+    reads (`_reads`), and the check of that engine against the IR under ``build.check`` (the
+    entry's schema admits no new top-level field; ``build`` is free-form and informational)."""
+    source = weights_engine(model.engines)
     return [
         {
             **record,
-            "path": f"{model.root}{_engine_path(record)}",
+            "path": f"{model.root}{_engine_path(record, source)}",
+            **_reads(record, source),
             "build": {**record["build"], "check": check},
         }
         for record, check in zip(model.engines, model.checks, strict=True)
     ]
 
 
-def _engine_path(record: dict[str, Any]) -> str:
+def _engine_path(record: dict[str, Any], source: Mapping[str, Any] | None) -> str:
     if reads_graph(record):
+        if source is not None:  # the weights' one copy: that engine's file
+            return _engine_path(source, None)
         return record["path"]  # the model's portable graph, beside engines/
     return f"engines/{record['name']}/{Path(record['path']).name}"
+
+
+def _reads(record: dict[str, Any], source: Mapping[str, Any] | None) -> dict[str, Any]:
+    """{"reads": the file roles an engine built at load reads besides its own}: the engine
+    holding the weights (``engine:<name>``), else ``portable``: what a pull for it fetches."""
+    if not reads_graph(record):
+        return {}
+    return {"reads": [f"engine:{source['name']}" if source is not None else "portable"]}
 
 
 def _recipe_as_written(recipe: Recipe, recipe_path: Path) -> dict[str, Any]:

@@ -348,13 +348,16 @@ def _draft_stages(recipe: Recipe, recipe_path: Path) -> _DraftStages | None:
 def _disk(recipe: Recipe, shapes: _Shapes, model: _ModelStages, download: int) -> dict[str, int]:
     """Bytes written: the stage cache's new entries, the artifact, the hub download. The IR
     holds one byte per code (int8 / uint8, whatever the bits); the graph and each interop
-    checkpoint hold about the exported weights, each engine what its plug-in estimates."""
+    checkpoint hold about the exported weights, each engine what its plug-in estimates. The
+    artifact ships the graph where the recipe asks for it, or where no engine writes a file
+    (engines built at load from the graph read it: engines/base.py `ships_portable`)."""
     ir = _quantized_bytes(shapes, recipe.quantize, code_bits=8)
     onnx_bytes, engines = model.onnx_bytes, model.engine_bytes
     interop = len(recipe.stage_slice("interop")["interop"]) * onnx_bytes
+    portable = onnx_bytes if recipe.artifact.portable or engines == 0 else 0
     return {
         "stage_cache": ir + onnx_bytes + engines + interop,
-        "artifact": onnx_bytes + engines + interop,
+        "artifact": portable + engines + interop,
         "hub_download": download,
     }
 

@@ -12,6 +12,7 @@ pairs up to the vocabulary's size.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -189,16 +190,22 @@ def write_wordlevel_tokenizer(path: Path, config: dict) -> None:
 
 def write_bytelevel_tokenizer(path: Path, config: dict) -> None:
     """tokenizer.json of a GPT-2-style byte-level BPE covering every id: the 256 byte tokens,
-    then tokens of two bytes (each from a merge, in order) up to BOS, then special tokens from
-    BOS to the vocabulary's end, as write_wordlevel_tokenizer. What llama.cpp's "gpt2"
-    tokenizer (and so ingot's GGUF writer) accepts; the text it makes means nothing."""
+    then tokens of two bytes, then of three (each from a merge, in order) up to BOS, then
+    special tokens from BOS to the vocabulary's end, as write_wordlevel_tokenizer. What
+    llama.cpp's "gpt2" tokenizer (and so ingot's GGUF writer) accepts; the text it makes means
+    nothing."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     bos, eos, vocab_size = config["bos_token_id"], config["eos_token_id"], config["vocab_size"]
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     merges = []
-    pairs = ((a, b) for a in alphabet for b in alphabet)
+    # two-byte tokens, then three-byte ones (a two-byte token and a byte) where the
+    # vocabulary is larger than 256 + 256^2 (Llama 3's 128000 ids below BOS)
+    pairs = itertools.chain(
+        ((a, b) for a in alphabet for b in alphabet),
+        ((a + b, c) for a in alphabet for b in alphabet for c in alphabet),
+    )
     while len(vocab) < bos:
         a, b = next(pairs)
         merges.append((a, b))

@@ -26,7 +26,7 @@ the check on the `GraphRunner`s the plug-in returns).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
@@ -41,9 +41,12 @@ __all__ = [
     "EngineSizing",
     "EngineTarget",
     "ExactRun",
+    "GRAPH_INITIALIZERS",
     "GraphRunner",
     "engine_name",
     "reads_graph",
+    "ships_portable",
+    "weights_engine",
 ]
 
 # How an engine computes, which picks the check's tolerance (export/check.py `RTOL`).
@@ -74,6 +77,26 @@ def reads_graph(record: Mapping[str, Any]) -> bool:
     graph's own name, "model.onnx", not ``engines/<name>/<file>``): an engine built from the
     shipped graph's weights at load, adding no file of its own to the artifact."""
     return "/" not in record["path"]
+
+
+# An engine record's ``build`` key saying its file holds the exported graph's initializers
+# under their export names (ONNX Runtime's optimized graph: int4 / int8 linears as MatMulNBits
+# inputs): an engine built at load from the graph's weights reads them there instead.
+GRAPH_INITIALIZERS = "graph_initializers"
+
+
+def weights_engine(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The first engine (of one model's, in target order) whose file holds the exported
+    graph's initializers: the one copy of the weights an engine built at load reads."""
+    return next((r for r in records if r.get("build", {}).get(GRAPH_INITIALIZERS)), None)
+
+
+def ships_portable(records: Sequence[Mapping[str, Any]], portable: bool) -> bool:
+    """Whether the model's portable graph (model.onnx + .data) goes into the artifact: asked
+    for (the recipe's ``artifact.portable``), or an engine built at load from the graph's
+    weights has no engine file holding them to read instead."""
+    built_at_load = any(reads_graph(r) for r in records)
+    return portable or (built_at_load and weights_engine(records) is None)
 
 
 class GraphRunner(Protocol):

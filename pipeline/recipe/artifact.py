@@ -36,6 +36,13 @@ class Artifact(_Strict):
     sign: ArtifactSign | None = Field(
         default=None, description="Sign the artifact at package time (None: unsigned)."
     )
+    portable: bool = Field(
+        default=False,
+        description="Ship the exported (portable) graph model.onnx(.data) beside the engines. "
+        "Off by default: each weight is then held once, in the engine's file (an OpenVINO "
+        "engine reads the onnxruntime engine's weights). An engine built from the graph at "
+        "load with no onnxruntime engine beside it (OpenVINO alone) ships it whatever this says.",
+    )
     chat_template: str | None = Field(
         default=None,
         min_length=1,

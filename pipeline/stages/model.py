@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..engines.base import engine_name
+from ..engines.base import engine_name, ships_portable
 from ..manifest_fields import ModelRecords
 from ..recipe import Quantize, Recipe
 from .calibrate import Calibrated, PreparedCalibration, calibrate_stage
@@ -45,14 +45,17 @@ class ModelOutputs:
     export: ExportOutput
     engines: Mapping[str, EngineOutput]  # by engine name, in the recipe's target order
 
-    def records(self, root: str = "") -> ModelRecords:
-        """What the manifest records of the model, its engines under `root` in the artifact."""
+    def records(self, root: str = "", portable: bool = False) -> ModelRecords:
+        """What the manifest records of the model, its engines under `root` in the artifact,
+        its portable graph beside them where `ships_portable` says so (`portable`: asked for)."""
+        engines = [engine.record() for engine in self.engines.values()]
         return ModelRecords(
             quantization=self.quantize.summary(),
             graph=self.export.graph_info(),
-            engines=[engine.record() for engine in self.engines.values()],
+            engines=engines,
             checks=[engine.check() for engine in self.engines.values()],
             root=root,
+            portable=ships_portable(engines, portable),
         )
 
 

@@ -29,7 +29,6 @@ from ingot.artifacts.digest import copy_file_sha256, sha256_bytes
 from ingot.artifacts.signing import sign_artifact
 
 from ..chat_template import chat_template_of
-from ..engines.base import reads_graph
 from ..manifest_fields import eval_and_interop_fields, manifest_fields, speculative_fields
 from .eagle import EagleOutput
 from .graph import BuildOutputs
@@ -38,11 +37,12 @@ from .prepare import BuildInputs
 
 __all__ = ["DRAFT_DIR", "EAGLE_DIR", "HEADS_DIR", "Package", "run_package"]
 
-# Where the stage outputs go in the artifact. The target's graph at the root and its engines
-# under engines/<name>/; interop/<format>/ and eval/ as the stages wrote them.
-# A draft model's engines: draft/engines/<name>/ (no portable graph of the draft is shipped:
-# the runtime loads engines only, and the target's model.onnx is the portable one; except
-# where a draft engine is built at load from the graph: then draft/model.onnx(.data)).
+# Where the stage outputs go in the artifact. The target's engines under engines/<name>/, its
+# portable graph at the root where the recipe asks for it (artifact.portable) or an engine
+# built at load from the graph's weights has no engine file holding them (engines/base.py
+# `ships_portable`: each weight is shipped once); interop/<format>/ and eval/ as the stages
+# wrote them. A draft model's engines: draft/engines/<name>/ (its portable graph only where
+# a draft engine built at load has no engine file to read: draft/model.onnx(.data)).
 DRAFT_DIR = "draft/"
 # Medusa heads: draft/heads/model.onnx(.data) (the heads stage's graph; its record goes into the
 # manifest, the vLLM-layout copy stays in the stage cache).
@@ -108,7 +108,7 @@ def run_package(
     copy = _Copier(tmp, known_digests or {})
     inputs = package.inputs
     try:
-        _copy_outputs(copy, package.outputs)
+        _copy_outputs(copy, package.outputs, inputs.recipe.artifact.portable)
         source = inputs.source.path
         copy.file(source / "tokenizer.json", tmp / "tokenizer.json")
         copy.file(source / "config.json", tmp / "config.json")
@@ -134,17 +134,19 @@ def run_package(
     return manifest, digest
 
 
-def _copy_outputs(copy: _Copier, outputs: BuildOutputs) -> None:
-    """Every stage output the artifact ships, where it goes (the layout above)."""
+def _copy_outputs(copy: _Copier, outputs: BuildOutputs, portable: bool) -> None:
+    """Every stage output the artifact ships, where it goes (the layout above); `portable`:
+    the recipe's artifact.portable."""
     target, root = outputs.target, copy.root
-    copy.tree(target.export.dir, root)  # model.onnx + model.onnx.data
+    if target.records(portable=portable).portable:
+        copy.tree(target.export.dir, root)  # model.onnx + model.onnx.data
     for name, engine in target.engines.items():
         copy.tree(engine.dir, root / "engines" / name)
     if outputs.draft is not None:
         for name, engine in outputs.draft.engines.items():
             copy.tree(engine.dir, root / DRAFT_DIR / "engines" / name)
-        # An engine built at load from the graph (OpenVINO) reads the draft's portable graph.
-        if any(reads_graph(e.record()) for e in outputs.draft.engines.values()):
+        # An engine built at load from the graph (OpenVINO) with no engine file to read.
+        if outputs.draft.records(root=DRAFT_DIR).portable:
             copy.tree(outputs.draft.export.dir, root / DRAFT_DIR)
     if outputs.heads is not None:
         for name in HeadsOutput.SHIPPED:
@@ -163,7 +165,7 @@ def _fields(package: Package) -> dict[str, Any]:
     the paths the layout gives them."""
     inputs, outputs = package.inputs, package.outputs
     recipe = inputs.recipe
-    target = outputs.target.records()
+    target = outputs.target.records(portable=recipe.artifact.portable)
     interop = {
         fmt: (f"interop/{fmt}", output.quantization_config())
         for fmt, output in outputs.interop.items()

@@ -47,6 +47,8 @@ BENCHMARKS = {
     "benchmarks.quantize.embedding_heads": (["embedding_heads"], None, "_markdown"),
     "benchmarks.scale.scale": (["scale", "scale-ortgenai-8b"], None, "_markdown"),
     "benchmarks.scale.registry": (["registry"], None, "_markdown"),
+    "benchmarks.scale.coldstart": (["coldstart"], None, "_markdown"),
+    "benchmarks.scale.artifact_bytes": (["artifact_bytes"], None, "_markdown"),
     "benchmarks.speculative.speculative": (
         ["speculative", "speculative_openvino"],
         "benchmarks.speculative.report",

@@ -49,9 +49,10 @@ def test_package_hashes_while_copying(tmp_path, tiny_checkpoint, monkeypatch):
     fields = manifest.model_dump(mode="json")
     del fields["files"]
     fake = "0" * 64
-    size = (result.artifact / "model.onnx").stat().st_size
-    for claimed, listed in ((size, fake), (size + 1, real(result.artifact / "model.onnx"))):
+    engine = "engines/onnxruntime-cpu/model.onnx"
+    size = (result.artifact / engine).stat().st_size
+    for claimed, listed in ((size, fake), (size + 1, real(result.artifact / engine))):
         rewritten, _ = manifest_module.write_manifest(
-            result.artifact, fields, written={"model.onnx": (claimed, fake)}
+            result.artifact, fields, written={engine: (claimed, fake)}
         )
-        assert {f.path: f.sha256 for f in rewritten.files}["model.onnx"] == listed
+        assert {f.path: f.sha256 for f in rewritten.files}[engine] == listed

@@ -41,6 +41,7 @@ def test_build_with_quantized_embedding_and_lm_head(tmp_path):
         export={"max_seq_len": 64},
         evaluate={"perplexity": perplexity},
         targets=[{"engine": "onnxruntime", "matmul_accuracy_level": 0}],
+        artifact={"name": "tiny", "portable": True},  # the exported graph, inspected below
     )
     built = build(recipe, tmp_path / "out", cache=StageCache(tmp_path / "cache"))
     manifest = verify_artifact(built.artifact)

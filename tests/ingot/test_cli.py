@@ -43,7 +43,7 @@ def test_verify_ok_then_fails_on_a_flipped_byte(built, tmp_path):
     shutil.copytree(built["artifact"], art)
     ok = CliRunner().invoke(main, ["verify", str(art)])
     assert ok.exit_code == 0 and built["digest"] in ok.output
-    data = art / "model.onnx.data"
+    data = art / "engines" / "onnxruntime-cpu" / "model.onnx.data"
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     data.write_bytes(bytes(raw))

@@ -72,8 +72,9 @@ def test_trained_draft_is_built_measured_and_shipped(trained):
     assert eagle.training["loss_last"] < eagle.training["loss_first"]
     assert len(eagle.training["held_out_acceptance"]) == 3  # ttt_steps
     assert eagle.check["mismatches"] == 0
-    # The target graph and its engine output the draft's features.
-    graph = onnx.load(str(result.artifact / "model.onnx"), load_external_data=False)
+    # The target's engine (the artifact's one graph) outputs the draft's features.
+    engine = result.artifact / manifest.engines[0].path
+    graph = onnx.load(str(engine), load_external_data=False)
     assert "aux_hidden" in {o.name for o in graph.graph.output}
     assert "aux_hidden" in {o.name for o in manifest.graph.outputs}
     # Evaluate measured the drafter through the runtime.

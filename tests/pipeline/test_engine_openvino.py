@@ -98,7 +98,8 @@ def test_the_engine_is_the_graph_checked_against_the_ir(fp32_build):
         "name": "openvino-cpu",
         "engine": "openvino",
         "device": "cpu",
-        "path": "model.onnx",  # the portable graph: the engine adds no file
+        # the onnxruntime engine's graph: the artifact's one copy of the weights
+        "path": "engines/onnxruntime-cpu/model.onnx",
         "requires": {"openvino": ">=2026.4,<2026.5"},
         "session_options": {
             "inference_precision": "f32",
@@ -106,13 +107,17 @@ def test_the_engine_is_the_graph_checked_against_the_ir(fp32_build):
             "dynamic_quantization_group_size": 32,
             "num_threads": 0,
         },
-        "build": {"openvino": engine["build"]["openvino"], "weights": "the portable graph's"},
-        "reads": ["portable"],  # what `ingot pull --target openvino-cpu` fetches with it
+        "build": {
+            "openvino": engine["build"]["openvino"],
+            "weights": "the exported graph's initializers",
+        },
+        "reads": ["engine:onnxruntime-cpu"],  # the weights' one copy, which a pull fetches
     }
     files = {f["path"] for f in manifest["files"]}
     assert not any(f.startswith("engines/openvino-cpu") for f in files)
     assert not (artifact / "engines" / "openvino-cpu").exists()
-    assert verify_artifact(artifact).engines[0].path == "model.onnx"
+    assert verify_artifact(artifact).engines[0].path == "engines/onnxruntime-cpu/model.onnx"
+    assert not (artifact / "model.onnx").exists()  # no second copy
     label = ENGINE_BUILDERS.get("openvino").describe(engine, artifact)
     assert label == "f32 activations, int8 dynamic quantization (groups of 32), f32 KV"
 
@@ -203,7 +208,7 @@ def test_16_and_8_bit_caches_are_checked(tiny, tmp_path, kv_dtype, target, accur
     assert engine.session_options["kv_cache_precision"] == expected
 
 
-def test_a_draft_model_ships_the_graph_its_openvino_engine_reads(tiny, tmp_path):
+def test_a_draft_models_openvino_engine_reads_its_onnxruntime_engine(tiny, tmp_path):
     ckpt, cache = tiny
     shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
     draft = make_checkpoint(tmp_path / "draft", "llama", seed=1, num_key_value_heads=1, **shape)
@@ -215,11 +220,20 @@ def test_a_draft_model_ships_the_graph_its_openvino_engine_reads(tiny, tmp_path)
     )
     artifact = build(recipe, tmp_path / "artifact", cache=cache).artifact
     spec = verify_artifact(artifact).speculative.draft
-    assert spec.graph.path == "draft/model.onnx"  # its first engine's file: the graph
+    engine = "draft/engines/onnxruntime-cpu/model.onnx"  # the draft's one copy
+    assert spec.graph.path == engine  # its first engine's file
     assert [(e.name, e.path) for e in spec.engines] == [
-        ("openvino-cpu", "draft/model.onnx"),
-        ("onnxruntime-cpu", "draft/engines/onnxruntime-cpu/model.onnx"),
+        ("openvino-cpu", engine),
+        ("onnxruntime-cpu", engine),
     ]
+    assert not (artifact / "draft" / "model.onnx.data").exists()
+    # Alone, the draft's openvino engine reads the draft's portable graph, shipped for it.
+    recipe = write_recipe(
+        tmp_path / "ov.yaml", ckpt, kv_cache=KV32, targets=[EXACT], speculative=speculative
+    )
+    artifact = build(recipe, tmp_path / "ov", cache=cache).artifact
+    spec = verify_artifact(artifact).speculative.draft
+    assert [(e.name, e.path) for e in spec.engines] == [("openvino-cpu", "draft/model.onnx")]
     assert (artifact / "draft" / "model.onnx.data").is_file()
 
 

@@ -471,7 +471,13 @@ def test_stage_slice(tmp_path: Path) -> None:
     }
     assert recipe.stage_slice("engine")["targets"][0]["engine"] == "onnxruntime"
     package = {
-        "artifact": {"name": "tiny", "version": "0.1.0", "sign": None, "chat_template": None}
+        "artifact": {
+            "name": "tiny",
+            "version": "0.1.0",
+            "sign": None,
+            "portable": False,
+            "chat_template": None,
+        }
     }
     assert recipe.stage_slice("package") == package
     for stage in STAGES:

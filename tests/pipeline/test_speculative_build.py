@@ -87,7 +87,7 @@ def test_draft_model_is_built_into_draft_engines(shared, checkpoints):
         "draft/engines/onnxruntime-cpu/model.onnx",
         "draft/engines/onnxruntime-cpu/model.onnx.data",
     }
-    assert {"model.onnx", "engines/onnxruntime-cpu/model.onnx"} <= files
+    assert "engines/onnxruntime-cpu/model.onnx" in files and "model.onnx" not in files
     assert manifest.recipe["speculative"]["draft"]["source"]["path"] == str(checkpoints[1])
 
     # The draft's engine stage ran the target's check, and the shipped engine agrees with the

@@ -242,7 +242,10 @@ def test_weight_forms_it_cannot_run_are_refused_naming_the_linear(tmp_path_facto
     text = tmp_path_factory.mktemp("text") / "calibration.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. def add(a, b): return a\n" * 99)
     calibration = {"dataset": str(text), "samples": 4, "seq_len": 64}
-    recipe = {"quantize": quantize, "calibration": calibration}
+    # The portable graph shipped (the openvino record reads it): the weights as exported,
+    # not the onnxruntime engine's (whose FP8 weights are folded to fp32).
+    portable = {"name": "tiny", "portable": True}
+    recipe = {"quantize": quantize, "calibration": calibration, "artifact": portable}
     artifact = openvino_artifact_of(tmp_path_factory, "ov-refused", recipe=recipe)
     with pytest.raises(SessionError, match=rf"^layers\.0\.attn\.qkv_proj: .*{why}"):
         LoadedModel.load(artifact, engine="openvino")

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import onnxruntime as ort
 
+from ..base import GRAPH_INITIALIZERS
 from .session import ort_optimization_level
 
 __all__ = ["build_onnxruntime_engine", "host_cpu_isa", "ENGINE_NAME", "MODEL_FILE", "DATA_FILE"]
@@ -161,9 +162,14 @@ def _record(
             "intra_op_num_threads": intra_op_num_threads,
         },
         # How the engine was built; the accuracy level is baked into the fused MatMulNBits.
+        # Its file keeps the exported initializers' names (MatMulNBits' inputs are the
+        # codes / scales / zero points renamed `<name>_T`): the artifact's one copy of the
+        # weights, which an engine built at load (OpenVINO) reads (engines/base.py); not
+        # where FP8 weights were folded to fp32 (no longer the exported weights).
         "build": {
             "optimization_level": optimization_level,
             "matmul_accuracy_level": matmul_accuracy_level,
+            GRAPH_INITIALIZERS: not folded,
         }
         # FP8 weights dequantized at build time (fp8_weights.py), when the graph has any.
         | ({"fp8_weights_dequantized": folded} if folded else {}),

@@ -3,7 +3,9 @@ runtime half applies when it builds and compiles the model at load, how it was b
 
 The engine adds no file to the artifact: its ``path`` is the portable graph's (``model.onnx``),
 whose weights the runtime half reads with OpenVINO's ONNX frontend and rebuilds around
-PagedAttention (runtime/engines/openvino). A graph with PagedAttention cannot be saved as an
+PagedAttention (runtime/engines/openvino); the package step points it at the onnxruntime
+engine's graph instead where the artifact ships one (the artifact's one copy of the weights:
+pipeline/manifest_fields.py). A graph with PagedAttention cannot be saved as an
 OpenVINO IR ("unsupported opset: extension"), so nothing compiled is shipped either: the CPU
 plugin compiles on the serving host, choosing its kernels for that host's instruction set,
 which is why the record names no ``cpu_isa``.
@@ -59,8 +61,9 @@ def openvino_record(target: OpenVinoTarget, graph_name: str, kv_dtype: str) -> d
         "path": graph_name,  # the portable graph: its weights are the engine's
         "requires": {"openvino": openvino_requires(version)},
         "session_options": session_options(target, kv_dtype),
-        "build": {"openvino": version, "weights": "the portable graph's"},
-        "reads": ["portable"],  # `ingot pull --target` fetches the graph it rebuilds from
+        # Read from the file the manifest's entry names: the onnxruntime engine's graph where
+        # the artifact ships one (its initializers, renamed), else the portable graph.
+        "build": {"openvino": version, "weights": "the exported graph's initializers"},
     }
 
 

@@ -1,6 +1,7 @@
 """The ONNX Runtime CPU engine's runtime half: the record's requirements checked against the
 host (compat.py), the pool its graph reads (the graph interface's, as exported), and the
-session that runs it with the pool bound in place (session.py; options.py, buffers.py).
+session that runs it with the pool bound in place (session.py; options.py, buffers.py), its
+weights file read ahead as it opens (readahead.py).
 
 Imports the runtime's engine interface (engines/base.py), its batch and KV pool, ingot.artifacts,
 numpy and onnxruntime; never onnx or torch (the runtime install has neither).
@@ -13,6 +14,7 @@ from pathlib import Path
 from ingot.artifacts import EngineInfo, GraphInfo
 from ingot.runtime.engines.base import HostInfo, SessionSettings
 from ingot.runtime.engines.onnxruntime.compat import problems
+from ingot.runtime.engines.onnxruntime.readahead import read_ahead
 from ingot.runtime.engines.onnxruntime.session import EngineSession
 from ingot.runtime.engines.resident import ResidentMemory, ResidentModel, ServingShape
 from ingot.runtime.kv_pool import KVLayout, KVPool, kv_numpy_dtype
@@ -58,6 +60,7 @@ class OnnxRuntimeEngine:
             # call 1.4x slower: benchmarks/results/speculative.md), and a draft is small enough
             # that one thread runs it about as fast.
             options, spinning = {**options, "intra_op_num_threads": 1}, False
+        read_ahead(path)  # the weights stream in while the session is made
         return EngineSession(
             path,
             pool,

@@ -74,15 +74,15 @@ class ModelShape:
 def _has_linear(w: GraphWeights, name: str) -> bool:
     """Whether the graph has linear `name` (its codes or float weight): q|k|v and gate|up are
     one fused linear where the export could fuse them (one scheme), else their parts."""
-    return w.has(f"{name}.codes_t") or w.has(f"{name}.weight_t")
+    return w.linear_columns(name) is not None
 
 
 def _columns(w: GraphWeights, name: str) -> int:
-    """Output width N of linear `name` (its [K, N] codes or weight)."""
-    for suffix in (".codes_t", ".weight_t"):
-        if w.has(name + suffix):
-            return w.shape(name + suffix)[1]  # [K, N]
-    raise SessionError(f"the graph has no weights for {name} (.codes_t or .weight_t)")
+    """Output width N of linear `name` (GraphWeights.linear_columns)."""
+    columns = w.linear_columns(name)
+    if columns is None:
+        raise SessionError(f"the graph has no weights for {name} (.codes_t or .weight_t)")
+    return columns
 
 
 def _ints(values: list[int]) -> ov.Node:

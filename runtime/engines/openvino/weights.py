@@ -1,5 +1,7 @@
-"""ingot's weights as OpenVINO constants: read from the artifact's portable graph (model.onnx)
-by OpenVINO's own ONNX frontend, its linears rebuilt in OpenVINO's weight-compressed form.
+"""ingot's weights as OpenVINO constants: read by OpenVINO's own ONNX frontend from the graph the
+engine's record names -- the onnxruntime engine's optimized graph where the artifact ships one
+(its only copy of the weights), else the portable graph (model.onnx) -- its linears rebuilt in
+OpenVINO's weight-compressed form.
 
 The frontend keeps each ONNX initializer as a Constant named after it, in its ONNX type: the
 int4 codes `layers.{i}.attn.qkv_proj.codes_t` [K, N] stay i4 / u4 (two per byte, first in the
@@ -14,6 +16,13 @@ DYNAMIC_QUANTIZATION_GROUP_SIZE asks) when the weight is Constant(codes [N, K/g,
 MatMul(x, W, transpose_b): the form optimum-intel writes. ingot's [K, N] orientation would
 compile too, but with a run-time Transpose of the codes before every FullyConnected, so the
 codes are transposed here once, at load.
+
+The onnxruntime engine's graph holds each quantized linear as ORT's MatMulNBits inputs, which
+the frontend keeps as Constants named after them: `{name}.codes_t_T` u4 / u8 [N, K/g, g]
+(ORT stores codes unsigned: a signed code + 8, or + 128 at 8 bits), `{name}.scales_t_T` f32
+[N*K/g] and, where asymmetric, `{name}.zero_points_t_T` [N, K/g, 1]; without zero points the
+kernel subtracts the middle code (8 / 128). That is OpenVINO's orientation already: the
+constants are used as they are, no code is copied or transposed in Python.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ __all__ = ["GraphWeights"]
 # The code types a compressed linear may have, and whether they are signed.
 _CODES = {ov.Type.i4: True, ov.Type.u4: False, ov.Type.i8: True, ov.Type.u8: False}
 _FOUR_BIT = (ov.Type.i4, ov.Type.u4)
+_FUSED = ".codes_t_T"  # the suffix of a linear's codes in ORT's MatMulNBits form
 
 
 def _unpack4(packed: np.ndarray, count: int, signed: bool) -> np.ndarray:
@@ -128,6 +138,15 @@ class GraphWeights:
                 raise SessionError(f"{output}: joins {name!r}, not a layer's entering stream")
         return layers
 
+    def linear_columns(self, name: str) -> int | None:
+        """Output width N of linear `name`, None where the graph has no such linear."""
+        if self.has(name + _FUSED):
+            return self.shape(name + _FUSED)[0]  # [N, K/g, g]
+        for suffix in (".codes_t", ".weight_t"):
+            if self.has(name + suffix):
+                return self.shape(name + suffix)[1]  # [K, N]
+        return None
+
     def embedding(self, ids: ov.Output) -> ov.Output:
         """The rows of `ids` [T] -> [T, hidden]: of the float table `embed_tokens.weight`, or
         of the quantized one (`embed_tokens.codes_t` [hidden, V], as a linear's) through the
@@ -158,7 +177,8 @@ class GraphWeights:
         """The dequantized weight [N, K] of `name`'s codes, scales and zero points; built once
         per name, so a tied model's lookup and lm_head read one constant."""
         if name not in self._built:
-            self._built[name] = self._decompression(name)
+            fused = self.has(name + _FUSED)  # the onnxruntime engine's MatMulNBits form
+            self._built[name] = self._fused(name) if fused else self._decompression(name)
         return self._built[name]
 
     def _decompression(self, name: str) -> ov.Output:
@@ -185,6 +205,23 @@ class GraphWeights:
         w = ops.multiply(w, ops.constant(group_scales))  # [N, K/g, g]
         return ops.reshape(w, ops.constant(np.array([n, k], np.int64)), False).output(0)
 
+    def _fused(self, name: str) -> ov.Output:
+        """The dequantized weight [N, K] of `name` in ORT's MatMulNBits form (module
+        docstring): the frontend's constants, reshaped in the graph, not copied."""
+        codes = self.constant(name + _FUSED)  # u4 / u8 [N, K/g, g]
+        element = codes.get_output_element_type(0)
+        n, groups, group = self.shape(name + _FUSED)
+        w = ops.convert(codes, ov.Type.f32)
+        zero_name = f"{name}.zero_points_t_T"
+        if self.has(zero_name):
+            zero = ops.reshape(self.constant(zero_name), _dims(n, groups, 1), False)
+        else:
+            zero = _middle_code(element)
+        w = ops.subtract(w, ops.convert(zero, ov.Type.f32))
+        scales = ops.reshape(self.constant(f"{name}.scales_t_T"), _dims(n, groups, 1), False)
+        w = ops.multiply(w, ops.convert(scales, ov.Type.f32))  # [N, K/g, g]
+        return ops.reshape(w, _dims(n, groups * group), False).output(0)
+
     def _codes(self, name: str) -> np.ndarray:
         """The codes of initializer `name`, one per byte (int8 or uint8), flat."""
         node = self.constant(name)
@@ -193,3 +230,23 @@ class GraphWeights:
         if element in _FOUR_BIT:
             return _unpack4(node.data, count, _CODES[element])
         return node.data.reshape(-1)
+
+
+def _dims(*dims: int) -> ov.Node:
+    return ops.constant(np.array(dims, np.int64))
+
+
+def _middle_code(element: ov.Type) -> ov.Node:
+    """MatMulNBits' zero point where the graph gives none: 8 for u4 codes, 128 for u8."""
+    if element == ov.Type.u4:
+        return ops.constant(_u4_scalar(8))
+    if element == ov.Type.u8:
+        return ops.constant(np.array([128], np.uint8))
+    raise SessionError(f"MatMulNBits codes of type {element}: expected u4 or u8")
+
+
+def _u4_scalar(value: int) -> ov.Tensor:
+    """A u4 tensor [1] holding `value` (one nibble: the low half of its byte)."""
+    tensor = ov.Tensor(ov.Type.u4, ov.Shape([1]))
+    tensor.data.view(np.uint8).reshape(-1)[:] = value & 0x0F
+    return tensor

@@ -84,7 +84,8 @@ def test_layout_is_a_modelpack_artifact_with_one_raw_layer_per_file(registry, ar
             layer["digest"]
             == "sha256:" + hashlib.sha256((artifact / path).read_bytes()).hexdigest()
         )
-    assert layers["model.onnx.data"]["mediaType"] == "application/vnd.cncf.model.weight.v1.raw"
+    weights = "engines/onnxruntime-cpu/model.onnx.data"  # the artifact's one weights file
+    assert layers[weights]["mediaType"] == "application/vnd.cncf.model.weight.v1.raw"
     assert layers["tokenizer.json"]["mediaType"].endswith("weight.config.v1.raw")
     assert layers["manifest.json"]["digest"] == manifest_digest(artifact)
 
@@ -127,7 +128,7 @@ def test_blob_corrupted_in_the_registry_is_refused_naming_the_file(
     registry, artifact, store, tmp_path
 ):
     push(artifact, registry.ref("models/corrupt:v1"), retry=FAST)
-    digest = sha256_of(artifact / "model.onnx.data")
+    digest = sha256_of(artifact / "engines/onnxruntime-cpu/model.onnx.data")
     stored = registry.blob_file(digest)
     original = stored.read_bytes()
     try:  # same size, one byte flipped: only the digest can tell
@@ -153,7 +154,7 @@ def test_cut_connection_leaves_no_partial_blob_and_a_retry_resumes(
     assert store_is_clean(store)
     [partial] = (store.root / "tmp").glob("*.partial")
     kept = partial.stat().st_size
-    assert 0 < kept < (artifact / "model.onnx.data").stat().st_size
+    assert 0 < kept < (artifact / "engines/onnxruntime-cpu/model.onnx.data").stat().st_size
     assert not (tmp_path / "out").exists()
 
     resumed = proxy()
