@@ -131,7 +131,11 @@ def built(tmp_path_factory) -> Built:
 
     work = tmp_path_factory.mktemp("built")
     checkpoint = make_checkpoint(work / "ckpt")
-    recipe = write_recipe(work / "recipe.yaml", checkpoint)
+    # With the portable graph (not shipped by default): the partial-pull tests add an OpenVINO
+    # record that reads it, as an OpenVINO-only build's does.
+    recipe = write_recipe(
+        work / "recipe.yaml", checkpoint, artifact={"name": "tiny", "portable": True}
+    )
     result = build(recipe, work / "tiny", cache=StageCache(work / "cache"))
     return Built(checkpoint, recipe, work / "cache", result.artifact)
 
