@@ -19,7 +19,8 @@ store's verify-once; the (a) pull column is store's registry benchmark).
         [--threads N]
         [--out-dir benchmarks/results] [--report-only]
 
-Reports: benchmarks/results/coldstart.json and coldstart.md. Run it alone, on a quiet host: a run whose host load exceeded the thread count is refused.
+Reports: benchmarks/results/coldstart.json and coldstart.md. Run it alone, on a quiet host:
+a run whose host load exceeded the thread count is refused.
 """
 
 from __future__ import annotations
