@@ -44,6 +44,18 @@ def _since(mark: float) -> float:
     return time.perf_counter() - mark
 
 
+def _timings(imported: float, loaded: float, first: float, times: list[float]) -> dict[str, Any]:
+    """One run's record: import, load, first token (s), decode tok/s, process age, memory."""
+    return {
+        "import_s": imported,
+        "load_s": loaded,
+        "first_token_s": first,
+        "decode_tok_s": len(times) / sum(times),
+        "process_s": _since(STARTED),
+        **_memory(),
+    }
+
+
 def ingot(spec: dict[str, Any]) -> dict[str, Any]:
     mark = time.perf_counter()
     import ingot.runtime.model as model_module
@@ -86,15 +98,8 @@ def ingot(spec: dict[str, Any]) -> dict[str, Any]:
         generator.step()
         times.append(_since(mark))
     generator.pop_completion(request)
-    return {
-        "import_s": imported,
-        "load_s": loaded,
-        "first_token_s": first,
-        "decode_tok_s": len(times) / sum(times),
-        "kv_pool_bytes": sum(a.nbytes for a in (*model.pool.k, *model.pool.v)),
-        "process_s": _since(STARTED),
-        **_memory(),
-    }
+    pool_bytes = sum(a.nbytes for a in (*model.pool.k, *model.pool.v))
+    return {**_timings(imported, loaded, first, times), "kv_pool_bytes": pool_bytes}
 
 
 def llama_cpp(spec: dict[str, Any]) -> dict[str, Any]:
@@ -121,14 +126,7 @@ def llama_cpp(spec: dict[str, Any]) -> dict[str, Any]:
         mark = time.perf_counter()
         next(tokens)
         times.append(_since(mark))
-    return {
-        "import_s": imported,
-        "load_s": loaded,
-        "first_token_s": first,
-        "decode_tok_s": len(times) / sum(times),
-        "process_s": _since(STARTED),
-        **_memory(),
-    }
+    return _timings(imported, loaded, first, times)
 
 
 def ortgenai(spec: dict[str, Any]) -> dict[str, Any]:
@@ -151,14 +149,7 @@ def ortgenai(spec: dict[str, Any]) -> dict[str, Any]:
         mark = time.perf_counter()
         generator.generate_next_token()
         times.append(_since(mark))
-    return {
-        "import_s": imported,
-        "load_s": loaded,
-        "first_token_s": first,
-        "decode_tok_s": len(times) / sum(times),
-        "process_s": _since(STARTED),
-        **_memory(),
-    }
+    return _timings(imported, loaded, first, times)
 
 
 def ort_optimize(spec: dict[str, Any]) -> dict[str, Any]:
