@@ -18,7 +18,12 @@ from .recipe import Recipe, RecipeError
 from .recipe.checks import model_problems, quantize_problems
 from .vocabulary import vocabulary_differences
 
-__all__ = ["check_draft_against_target", "check_recipe_against_model", "family_problems"]
+__all__ = [
+    "check_draft_against_target",
+    "check_recipe_against_model",
+    "family_problems",
+    "mixed_window_problems",
+]
 
 _DRAFT = "speculative.draft"
 
@@ -30,7 +35,7 @@ def check_recipe_against_model(
 
     `recipe_file`, when given, prefixes each problem like load_recipe's messages.
     """
-    problems = family_problems(cfg.family, "source")
+    problems = family_problems(cfg.family, "source") + mixed_window_problems(cfg, "source")
     problems += model_problems(recipe, cfg) + interop_problems(recipe, cfg)
     _raise(problems, recipe_file)
 
@@ -51,6 +56,21 @@ def family_problems(family: ModelFamily, where: str) -> list[str]:
     ]
 
 
+def mixed_window_problems(cfg: ModelConfig, where: str) -> list[str]:
+    """A model mixing local and global layers: the IR runs it (a mask per window), but the
+    exported graph has one mask input and the runtime one block table and one window, so a
+    build would run every layer with one window. Refused until both take per-layer windows."""
+    if cfg.layer_windows is None:
+        return []
+    local = [i for i, w in enumerate(cfg.layer_windows) if w is not None]
+    return [
+        f"{where}: config.json layer_types / max_window_layers: layers {local} of "
+        f"{cfg.num_layers} slide (window {cfg.sliding_window}) and the others attend to the "
+        "whole context; the exported graph and the runtime take one window for every layer, "
+        "so models mixing local and global layers do not build yet"
+    ]
+
+
 def check_draft_against_target(
     recipe: Recipe,
     draft: ModelConfig,
@@ -65,7 +85,7 @@ def check_draft_against_target(
     own logits (same tokenizer, same vocab_size), the draft runs at every position the target
     does (max_seq_len), and the draft's quantize entries must fit the draft."""
     source = f"{_DRAFT}.source"
-    problems = family_problems(draft.family, source)
+    problems = family_problems(draft.family, source) + mixed_window_problems(draft, source)
     if draft.vocab_size != target.vocab_size:
         problems.append(
             f"{source}: vocab_size {draft.vocab_size} in the draft's config.json differs from "

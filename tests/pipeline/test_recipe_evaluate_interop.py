@@ -112,3 +112,16 @@ def test_gptq_needs_every_decoder_linear_quantized(tmp_path):
 def test_interop_needs_quantized_weights(tmp_path):
     problems = _problems(_load(tmp_path, "interop: [gptq]\n"))
     assert any(p.startswith("interop:") for p in problems), problems
+
+
+def test_a_model_mixing_local_and_global_layers_is_refused_before_building(tmp_path):
+    """The IR runs it, the graph and runtime do not yet: the recipe check says so at once."""
+    mixed = {**MODEL_CONFIG, "model_type": "qwen2", "use_sliding_window": True}
+    cfg = ModelConfig.from_hf({**mixed, "sliding_window": 64, "max_window_layers": 1})
+    with pytest.raises(RecipeError) as err:
+        check_recipe_against_model(_load(tmp_path, ""), cfg)
+    [problem] = err.value.problems
+    assert problem.startswith("source: config.json layer_types / max_window_layers: layers [1]")
+    assert "do not build yet" in problem
+    # Every layer sliding (or none) builds as before.
+    check_recipe_against_model(_load(tmp_path, ""), ModelConfig.from_hf(mixed))
