@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ingot.artifacts import EngineInfo, GraphInfo
 from ingot.artifacts.manifest import EagleInfo
+from ingot.common.errors import IngotError
 from ingot.runtime.engines import ENGINE_RUNTIMES
 from ingot.runtime.engines.base import EngineRunner, SessionSettings
 from ingot.runtime.kv_pool import KVLayout, KVPool
@@ -22,7 +23,15 @@ from ingot.runtime.speculative.eagle import EagleDraft, eagle_kv_layout
 from ingot.runtime.speculative.load import DraftModel
 from ingot.runtime.speculative.medusa import MedusaHeads
 
-__all__ = ["DrafterFiles", "EngineFiles", "OpenedEngine", "open_engine"]
+__all__ = ["DrafterFiles", "EngineFiles", "MixedWindowsUnsupported", "OpenedEngine", "open_engine"]
+
+# The inputs a graph gives the local layers of a model mixing local and global layers.
+_LOCAL_INPUTS = ("block_tables_local", "kv_slots_local", "attention_mask_local")
+
+
+class MixedWindowsUnsupported(IngotError, NotImplementedError):
+    """The graph's local (sliding-window) layers read block tables of their own, which this
+    runtime does not fill yet: refused rather than run with the global layers' tables."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,13 @@ def open_engine(
     (its features). `spinning=False` lets the engine's threads sleep between calls;
     `profile_file_prefix` turns on the engine's profiler."""
     drafter = drafter or DrafterFiles()
+    local = [i.name for i in target.graph.inputs if i.name in _LOCAL_INPUTS]
+    if local:
+        raise MixedWindowsUnsupported(
+            f"{target.path}: the graph's local (sliding-window) layers read {', '.join(local)} "
+            "(a model mixing local and global layers); this runtime keeps one block table per "
+            "sequence and does not run such models yet"
+        )
     runtime = ENGINE_RUNTIMES.get(target.engine.engine)
     pool = runtime.kv_layout(target.graph, target.engine).pool(num_blocks)
     settings = SessionSettings(
