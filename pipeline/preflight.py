@@ -35,7 +35,8 @@ def check_recipe_against_model(
 
     `recipe_file`, when given, prefixes each problem like load_recipe's messages.
     """
-    problems = family_problems(cfg.family, "source") + mixed_window_problems(cfg, "source")
+    problems = family_problems(cfg.family, "source")
+    problems += mixed_window_problems(cfg, "source", recipe)
     problems += model_problems(recipe, cfg) + interop_problems(recipe, cfg)
     _raise(problems, recipe_file)
 
@@ -56,19 +57,25 @@ def family_problems(family: ModelFamily, where: str) -> list[str]:
     ]
 
 
-def mixed_window_problems(cfg: ModelConfig, where: str) -> list[str]:
-    """A model mixing local and global layers: the IR runs it (a mask per window), but the
-    exported graph has one mask input and the runtime one block table and one window, so a
-    build would run every layer with one window. Refused until both take per-layer windows."""
+def mixed_window_problems(cfg: ModelConfig, where: str, recipe: Recipe | None = None) -> list[str]:
+    """A model mixing local and global layers: its graph gives the local layers inputs of
+    their own, which only a graph that writes its pool has (not fp8's, `recipe`'s
+    kv_cache.dtype), and a draft model runs on one block table (`recipe` None: the draft)."""
     if cfg.layer_windows is None:
         return []
     local = [i for i, w in enumerate(cfg.layer_windows) if w is not None]
-    return [
-        f"{where}: config.json layer_types / max_window_layers: layers {local} of "
-        f"{cfg.num_layers} slide (window {cfg.sliding_window}) and the others attend to the "
-        "whole context; the exported graph and the runtime take one window for every layer, "
-        "so models mixing local and global layers do not build yet"
-    ]
+    mixed = (
+        f"config.json layer_types / max_window_layers: layers {local} of {cfg.num_layers} "
+        f"slide (window {cfg.sliding_window}) and the others attend to the whole context"
+    )
+    if recipe is None:
+        return [f"{where}: {mixed}; a draft model mixing local and global layers is not supported"]
+    if recipe.kv_cache.dtype == "fp8":
+        return [
+            f"kv_cache.dtype: fp8 returns the call's K/V instead of writing the pool, which a "
+            f"model mixing local and global layers needs ({mixed}); use fp16, fp32 or int8"
+        ]
+    return []
 
 
 def check_draft_against_target(

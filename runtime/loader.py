@@ -10,12 +10,11 @@ as many blocks as the target's (the target's block tables address both).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ingot.artifacts import EngineInfo, GraphInfo
 from ingot.artifacts.manifest import EagleInfo
-from ingot.common.errors import IngotError
 from ingot.runtime.engines import ENGINE_RUNTIMES
 from ingot.runtime.engines.base import EngineRunner, SessionSettings
 from ingot.runtime.kv_pool import KVLayout, KVPool
@@ -23,15 +22,18 @@ from ingot.runtime.speculative.eagle import EagleDraft, eagle_kv_layout
 from ingot.runtime.speculative.load import DraftModel
 from ingot.runtime.speculative.medusa import MedusaHeads
 
-__all__ = ["DrafterFiles", "EngineFiles", "MixedWindowsUnsupported", "OpenedEngine", "open_engine"]
-
-# The inputs a graph gives the local layers of a model mixing local and global layers.
-_LOCAL_INPUTS = ("block_tables_local", "kv_slots_local", "attention_mask_local")
+__all__ = ["DrafterFiles", "EngineFiles", "OpenedEngine", "local_layers", "open_engine"]
 
 
-class MixedWindowsUnsupported(IngotError, NotImplementedError):
-    """The graph's local (sliding-window) layers read block tables of their own, which this
-    runtime does not fill yet: refused rather than run with the global layers' tables."""
+def local_layers(graph: GraphInfo) -> tuple[int, ...]:
+    """The layers of a graph mixing local and global layers whose pools have a block count of
+    their own (NBL: pipeline/export/decoder.py); () for every other graph."""
+    return tuple(
+        layer
+        for layer in range(graph.num_layers)
+        for spec in graph.inputs
+        if spec.name == f"k_pool_{layer}" and spec.shape[:1] == ["NBL"]
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +49,10 @@ class EngineFiles:
     sliding_window: int | None = None
 
     def kv_layout(self) -> KVLayout:
-        """The pool its session reads, as its engine kind's runtime plug-in declares it."""
-        return ENGINE_RUNTIMES.get(self.engine.engine).kv_layout(self.graph, self.engine)
+        """The pool its session reads, as its engine kind's runtime plug-in declares it, with
+        the graph's local layers (a model mixing local and global layers)."""
+        layout = ENGINE_RUNTIMES.get(self.engine.engine).kv_layout(self.graph, self.engine)
+        return replace(layout, local_layers=local_layers(self.graph))
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,23 +91,18 @@ def open_engine(
     num_blocks: int,
     drafter: DrafterFiles | None = None,
     *,
+    num_local_blocks: int | None = None,
     spinning: bool = True,
     profile_file_prefix: str | None = None,
 ) -> OpenedEngine:
-    """`target` on a pool of `num_blocks` blocks, and `drafter`. The target's session binds its
+    """`target` on a pool of `num_blocks` blocks (its local layers', if any, of
+    `num_local_blocks`, default as many), and `drafter`. The target's session binds its
     `hidden` output for Medusa heads (which draft from it), `aux_hidden` for an EAGLE-3 draft
     (its features). `spinning=False` lets the engine's threads sleep between calls;
     `profile_file_prefix` turns on the engine's profiler."""
     drafter = drafter or DrafterFiles()
-    local = [i.name for i in target.graph.inputs if i.name in _LOCAL_INPUTS]
-    if local:
-        raise MixedWindowsUnsupported(
-            f"{target.path}: the graph's local (sliding-window) layers read {', '.join(local)} "
-            "(a model mixing local and global layers); this runtime keeps one block table per "
-            "sequence and does not run such models yet"
-        )
     runtime = ENGINE_RUNTIMES.get(target.engine.engine)
-    pool = runtime.kv_layout(target.graph, target.engine).pool(num_blocks)
+    pool = target.kv_layout().pool(num_blocks, num_local_blocks)
     settings = SessionSettings(
         hidden=drafter.heads is not None,
         aux=drafter.eagle is not None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -250,6 +250,8 @@ def _perplexity(
         model = load_ir(ir_dir)
         quantized_kl = KLMeter(reference)
         quantized = perplexity(model, windows, on_logits=quantized_kl.add)
+        # The engine's mask applies the model's window, as the IR's does.
+        engine = replace(engine, sliding_window=model.cfg.sliding_window)
         del model
         gc.collect()
         engine_kl = KLMeter(reference)

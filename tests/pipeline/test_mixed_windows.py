@@ -8,15 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ingot.artifacts import EngineInfo, GraphInfo
-from ingot.pipeline.engines.onnxruntime import build_onnxruntime_engine
 from ingot.pipeline.engines.onnxruntime.check import check_export
 from ingot.pipeline.export import ExportError, export_onnx
 from ingot.pipeline.heads.train import final_hidden
 from ingot.pipeline.model.kv_quant import KVScales
 from ingot.pipeline.model.load import CheckpointReader, load_model
 from ingot.pipeline.quantize.layerwise import LayerForward
-from ingot.runtime.loader import EngineFiles, MixedWindowsUnsupported, open_engine
 
 from fixtures import make_checkpoint
 
@@ -79,21 +76,37 @@ def test_fp8_kv_is_refused_for_a_mixed_model(tmp_path):
         export_onnx(model, tmp_path / "out", max_seq_len=64, kv_dtype="fp8", kv_scales=scales)
 
 
-def test_the_runtime_refuses_the_local_inputs_it_does_not_fill_yet(tmp_path):
-    """Until the runtime keeps a second block table (docs/notes/hybrid.md), an engine whose
-    graph has the local layers' inputs is refused at open, never run with the global tables."""
+def test_engine_perplexity_gives_the_local_layers_their_window(tmp_path):
+    """The evaluate stage's engine perplexity (the runtime's pool, batch and session) on a
+    mixed model, windows of 40 tokens past the window of 12: the IR's perplexity."""
+    from dataclasses import replace
+
+    from ingot.artifacts import EngineInfo, GraphInfo
+    from ingot.pipeline.engines.onnxruntime import build_onnxruntime_engine
+    from ingot.pipeline.evaluate.engine import engine_perplexity
+    from ingot.pipeline.evaluate.perplexity import perplexity
+    from ingot.runtime.loader import EngineFiles
+
     ckpt = make_checkpoint(
-        tmp_path / "ckpt", "qwen2", use_sliding_window=True, sliding_window=6, max_window_layers=1
+        tmp_path / "ck", "qwen2", use_sliding_window=True, sliding_window=12, max_window_layers=1
     )
-    graph = export_onnx(load_model(ckpt), tmp_path / "x", max_seq_len=64, kv_block_size=4)
+    model = load_model(ckpt)
+    graph = export_onnx(model, tmp_path / "x", max_seq_len=64, kv_block_size=8)
     record = build_onnxruntime_engine(
-        tmp_path / "x" / "model.onnx", tmp_path / "e", optimization_level="extended"
+        tmp_path / "x" / "model.onnx",
+        tmp_path / "e",
+        optimization_level="extended",
+        matmul_accuracy_level=0,
     )
-    files = EngineFiles(
+    engine = EngineFiles(
         GraphInfo.model_validate(graph),
         EngineInfo.model_validate(record),
         tmp_path / "e" / "model.onnx",
+        sliding_window=12,
     )
-    local = "block_tables_local, attention_mask_local, kv_slots_local"
-    with pytest.raises(MixedWindowsUnsupported, match=local):
-        open_engine(files, 8)
+    windows = torch.randint(2, 320, (3, 40), generator=torch.Generator().manual_seed(0))
+    expected = perplexity(model, windows)
+    assert engine_perplexity(engine, windows.numpy()) == pytest.approx(expected, rel=1e-5)
+    # Without the window the local layers see the whole window: another number.
+    whole = engine_perplexity(replace(engine, sliding_window=64), windows.numpy())
+    assert whole != pytest.approx(expected, rel=1e-3)

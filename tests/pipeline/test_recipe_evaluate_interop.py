@@ -114,14 +114,14 @@ def test_interop_needs_quantized_weights(tmp_path):
     assert any(p.startswith("interop:") for p in problems), problems
 
 
-def test_a_model_mixing_local_and_global_layers_is_refused_before_building(tmp_path):
-    """The IR runs it, the graph and runtime do not yet: the recipe check says so at once."""
+def test_a_model_mixing_local_and_global_layers_builds_but_not_with_fp8_kv(tmp_path):
+    """Its local layers read inputs of their own, which only a graph that writes its pool
+    has: fp8 KV (whose graph returns its K/V) is refused at once, naming the field."""
     mixed = {**MODEL_CONFIG, "model_type": "qwen2", "use_sliding_window": True}
     cfg = ModelConfig.from_hf({**mixed, "sliding_window": 64, "max_window_layers": 1})
+    check_recipe_against_model(_load(tmp_path, ""), cfg)
     with pytest.raises(RecipeError) as err:
-        check_recipe_against_model(_load(tmp_path, ""), cfg)
+        fp8 = "kv_cache: {dtype: fp8}\ncalibration: {dataset: c.txt, samples: 4, seq_len: 32}\n"
+        check_recipe_against_model(_load(tmp_path, fp8), cfg)
     [problem] = err.value.problems
-    assert problem.startswith("source: config.json layer_types / max_window_layers: layers [1]")
-    assert "do not build yet" in problem
-    # Every layer sliding (or none) builds as before.
-    check_recipe_against_model(_load(tmp_path, ""), ModelConfig.from_hf(mixed))
+    assert problem.startswith("kv_cache.dtype: fp8") and "layers [1] of 2 slide" in problem
