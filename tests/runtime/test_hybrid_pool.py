@@ -212,3 +212,31 @@ def test_the_budget_pays_for_both_pools_the_local_one_capped_at_the_windows(mixe
     assert model.pool.local_allocator.num_blocks == 12
     assert model.pool.num_blocks == 40
     assert model.pool.nbytes == budget
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_a_small_local_pool_preempts_and_releases_both_tables(tokenizer, policy):
+    """Four sequences of 30 + 20 tokens, window 8, blocks of 4: a local pool of 12 blocks
+    holds fewer windows than run at once, so sequences are preempted (both tables released,
+    recomputed later); every sequence still gets its tokens (RandomSession's are a function of
+    token and position) and both pools end empty."""
+
+    def run(local_blocks: int) -> tuple[list[list[int]], int]:
+        pool = KVPool(2, 64, 4, 1, 2, local_layers=(0,), num_local_blocks=local_blocks)
+        config = GeneratorConfig(
+            max_seq_len=64, sliding_window=8, max_num_batched_tokens=16, scheduling_policy=policy
+        )
+        gen = Generator(_PoolWritingSession(pool), pool, tokenizer, config)
+        params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+        rids = [gen.add([3 + i] * 30, params, priority=i % 2) for i in range(4)]
+        while gen.has_unfinished():
+            gen.step()
+            for seq in gen.scheduler.running:  # a window's blocks and a chunk's at most
+                assert len(seq.table.local.block_ids) - seq.table.local.num_freed <= 2 + 4 + 1
+        assert pool.allocator.num_free == 64 and pool.local_allocator.num_free == local_blocks
+        outputs = [gen.pop_completion(r).token_ids for r in rids]
+        return outputs, gen.stats().num_preemptions
+
+    small, preemptions = run(12)
+    assert preemptions > 0
+    assert small == run(64)[0]
