@@ -126,12 +126,34 @@ class ModelInfo(_Strict):
     sliding_window: Positive | None = Field(
         None, description="Mistral-style attention window (the runtime's mask enforces it)"
     )
+    layer_windows: list[Positive | None] | None = Field(
+        None,
+        description="a model mixing local and global layers: each layer's window (null: the "
+        "whole context), the local layers reading the graph's *_local inputs; absent: "
+        "sliding_window on every layer",
+    )
     bos_token_id: NonNegative | None
     eos_token_ids: list[NonNegative]
     tie_word_embeddings: bool
     quantization: list[dict[str, Any]] = Field(
         default_factory=list, description="one entry per applied quantization step"
     )
+
+    @model_validator(mode="after")
+    def _windows_fit(self) -> ModelInfo:
+        windows = self.layer_windows
+        if windows is None:
+            return self
+        if len(windows) != self.num_layers or {w for w in windows if w} != {self.sliding_window}:
+            raise ValueError(
+                f"model.layer_windows {windows}: one entry per layer ({self.num_layers}), each "
+                f"null or sliding_window ({self.sliding_window})"
+            )
+        return self
+
+    def window_of(self, layer: int) -> int | None:
+        """Layer `layer`'s attention window (None: the whole context)."""
+        return self.sliding_window if self.layer_windows is None else self.layer_windows[layer]
 
 
 class TokenizerInfo(_Strict):
@@ -470,6 +492,14 @@ def _graph_fits_model(graph: GraphInfo, model: ModelInfo, prefix: str) -> None:
                 f"{prefix}graph.{field} ({getattr(graph, field)}) differs from "
                 f"{prefix}model.{field} ({getattr(model, field)})"
             )
+    # Local and global layers mixed: the graph must give the local ones their own inputs.
+    local = model.layer_windows is not None
+    inputs = {spec.name for spec in graph.inputs}
+    if local and not {"block_tables_local", "kv_slots_local", "attention_mask_local"} <= inputs:
+        raise ValueError(
+            f"{prefix}model.layer_windows mixes local and global layers but {prefix}graph has "
+            "no block_tables_local / kv_slots_local / attention_mask_local inputs"
+        )
 
 
 def _heads_fit_target(heads: HeadsInfo, model: ModelInfo) -> None:

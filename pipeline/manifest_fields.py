@@ -67,6 +67,7 @@ def _model_fields(recipe: Recipe, cfg: ModelConfig, quantization: Any) -> dict:
         "head_dim": cfg.head_dim,
         "max_seq_len": recipe.export.max_seq_len,
         "sliding_window": cfg.sliding_window,
+        "layer_windows": None if cfg.layer_windows is None else list(cfg.layer_windows),
         "bos_token_id": cfg.bos_token_id,
         "eos_token_ids": list(cfg.eos_token_ids),
         "tie_word_embeddings": cfg.tie_word_embeddings,

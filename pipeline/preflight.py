@@ -24,6 +24,7 @@ __all__ = [
     "check_recipe_against_model",
     "family_problems",
     "with_model_defaults",
+    "mixed_window_problems",
 ]
 
 _DRAFT = "speculative.draft"
@@ -37,6 +38,7 @@ def check_recipe_against_model(
     `recipe_file`, when given, prefixes each problem like load_recipe's messages.
     """
     problems = family_problems(cfg.family, "source")
+    problems += mixed_window_problems(cfg, "source", recipe)
     problems += model_problems(recipe, cfg) + interop_problems(recipe, cfg)
     _raise(problems, recipe_file)
 
@@ -70,6 +72,27 @@ def family_problems(family: ModelFamily, where: str) -> list[str]:
     ]
 
 
+def mixed_window_problems(cfg: ModelConfig, where: str, recipe: Recipe | None = None) -> list[str]:
+    """A model mixing local and global layers: its graph gives the local layers inputs of
+    their own, which only a graph that writes its pool has (not fp8's, `recipe`'s
+    kv_cache.dtype), and a draft model runs on one block table (`recipe` None: the draft)."""
+    if cfg.layer_windows is None:
+        return []
+    local = [i for i, w in enumerate(cfg.layer_windows) if w is not None]
+    mixed = (
+        f"config.json layer_types / max_window_layers: layers {local} of {cfg.num_layers} "
+        f"slide (window {cfg.sliding_window}) and the others attend to the whole context"
+    )
+    if recipe is None:
+        return [f"{where}: {mixed}; a draft model mixing local and global layers is not supported"]
+    if recipe.kv_cache.dtype == "fp8":
+        return [
+            f"kv_cache.dtype: fp8 returns the call's K/V instead of writing the pool, which a "
+            f"model mixing local and global layers needs ({mixed}); use fp16, fp32 or int8"
+        ]
+    return []
+
+
 def check_draft_against_target(
     recipe: Recipe,
     draft: ModelConfig,
@@ -84,7 +107,7 @@ def check_draft_against_target(
     own logits (same tokenizer, same vocab_size), the draft runs at every position the target
     does (max_seq_len), and the draft's quantize entries must fit the draft."""
     source = f"{_DRAFT}.source"
-    problems = family_problems(draft.family, source)
+    problems = family_problems(draft.family, source) + mixed_window_problems(draft, source)
     if draft.vocab_size != target.vocab_size:
         problems.append(
             f"{source}: vocab_size {draft.vocab_size} in the draft's config.json differs from "

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ingot.runtime.kv_pool import BlockTable, KVPool, slots_of
+from ingot.runtime.kv_pool import BlockTable, HybridTable, KVPool, slots_of
 
-__all__ = ["Batch", "DecodeInputs", "STEP_INPUTS", "build_inputs"]
+__all__ = ["Batch", "DecodeInputs", "LOCAL_INPUTS", "LocalLayers", "STEP_INPUTS", "build_inputs"]
 
 # The graph inputs built per call (`Batch`'s fields of those names); a session binds the pools
-# once. `kv_slots` only in a graph that writes its K/V into the pool itself.
+# once. `kv_slots` only in a graph that writes its K/V into the pool itself, the `*_local`
+# ones only in a graph whose local layers have a pool of their own.
 STEP_INPUTS = (
     "input_ids",
     "positions",
@@ -35,7 +36,23 @@ STEP_INPUTS = (
     "attention_mask",
     "logits_indices",
     "kv_slots",
+    "block_tables_local",
+    "kv_slots_local",
+    "attention_mask_local",
 )
+# Of those, the ones only a graph mixing local and global layers has (`LocalLayers`).
+LOCAL_INPUTS = ("block_tables_local", "kv_slots_local", "attention_mask_local")
+
+
+@dataclass(frozen=True, slots=True)
+class LocalLayers:
+    """The local (sliding-window) layers of a model mixing local and global layers: their
+    window and their pool's scratch block (`KVPool.local_scratch_block`). A batch for such a
+    model reads each sequence's `HybridTable`: the global layers' inputs from its `main`
+    table without a window, the local layers' (`*_local`) from its `local` table with one."""
+
+    window: int
+    scratch_block: int
 
 
 @dataclass(slots=True)
@@ -56,6 +73,11 @@ class Batch:
     # [S, Q, 2] int64 (block, offset) each row's K/V is written to by the graph itself; None
     # for a graph that returns them (the runtime writes them: write_kv).
     kv_slots: np.ndarray | None = None
+    # A model mixing local and global layers (`LocalLayers`): the local layers' block tables
+    # [S, MBL], (block, offset) of each row [S, Q, 2] and mask [S, 1, Q, MBL*B].
+    block_tables_local: np.ndarray | None = None
+    kv_slots_local: np.ndarray | None = None
+    attention_mask_local: np.ndarray | None = None
 
     def write_kv(self, pool: KVPool, new_kv: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
         """Scatter the real rows of each layer's new_k, new_v [S, Q, Hkv*D] (older engines:
@@ -86,6 +108,7 @@ def build_inputs(
     sliding_window: int | None = None,
     all_logits: bool = False,
     scratch_block: int | None = None,
+    local: LocalLayers | None = None,
 ) -> Batch:
     """Inputs for sequences given as (block table, new token ids, start position).
 
@@ -93,16 +116,41 @@ def build_inputs(
     `BlockTable.reserve`); tokens before `start` are read from the pool. With `all_logits`
     the call computes the logits of every real new token, not only each sequence's last. With
     `scratch_block` (the pool's, `KVPool.scratch_block`) the inputs are for a graph that writes
-    the call's K/V into the pool itself (`kv_slots`), else for one that returns them.
+    the call's K/V into the pool itself (`kv_slots`), else for one that returns them. With
+    `local` the tables are `HybridTable`s and the batch has the local layers' inputs too.
     """
     if not seqs:
         raise ValueError("build_inputs needs at least one sequence")
+    if local is not None:
+        return _hybrid_inputs(seqs, sliding_window, all_logits, scratch_block, local)
     if all(len(ids) == 1 for _, ids, _ in seqs):
         return _decode_inputs(seqs, sliding_window, scratch_block)
     batch = _general_inputs(seqs, sliding_window, scratch_block)
     if all_logits:
         real = batch.real_rows
         batch.logits_indices = np.arange(batch.input_ids.size) if real is None else real
+    return batch
+
+
+def _hybrid_inputs(
+    seqs: Sequence[tuple[HybridTable, Sequence[int], int]],
+    sliding_window: int | None,
+    all_logits: bool,
+    scratch_block: int | None,
+    local: LocalLayers,
+) -> Batch:
+    """`build_inputs` for a model mixing local and global layers: the global layers' inputs
+    from the `main` tables, the local layers' from the `local` tables (same rows, same
+    positions: only the blocks, the scratch block and the window differ)."""
+    if scratch_block is None:
+        raise ValueError("a model mixing local and global layers writes its K/V in the graph")
+    main = [(table.main, ids, start) for table, ids, start in seqs]
+    batch = build_inputs(main, sliding_window, all_logits, scratch_block)
+    own = [(table.local, ids, start) for table, ids, start in seqs]
+    local_batch = build_inputs(own, local.window, all_logits, local.scratch_block)
+    batch.block_tables_local = local_batch.block_tables
+    batch.kv_slots_local = local_batch.kv_slots
+    batch.attention_mask_local = local_batch.attention_mask
     return batch
 
 
@@ -300,16 +348,25 @@ class DecodeInputs:
     column the arrays do not have) builds a new Batch. The Batch is valid until the next
     `build`."""
 
-    __slots__ = ("_sliding_window", "_scratch_block", "_batch", "_rows")
+    __slots__ = ("_sliding_window", "_scratch_block", "_local", "_batch", "_rows")
 
-    def __init__(self, sliding_window: int | None, scratch_block: int | None) -> None:
+    def __init__(
+        self,
+        sliding_window: int | None,
+        scratch_block: int | None,
+        local: LocalLayers | None = None,
+    ) -> None:
         self._sliding_window = sliding_window
         self._scratch_block = scratch_block
+        self._local = local
         self._batch: Batch | None = None
         self._rows: list[tuple[BlockTable, int, int]] = []  # (table, its generation, start)
 
     def build(self, seqs: Sequence[tuple[BlockTable, Sequence[int], int]]) -> Batch:
         """The inputs of a call of one new token per sequence (each given as in build_inputs)."""
+        if self._local is not None:  # a mixed model: built anew each step (a first cut)
+            window, scratch = self._sliding_window, self._scratch_block
+            return build_inputs(seqs, window, scratch_block=scratch, local=self._local)
         if not self._advance(seqs):
             self._batch = _decode_inputs(seqs, self._sliding_window, self._scratch_block)
         self._rows = [(table, table.generation, start) for table, _, start in seqs]

@@ -34,6 +34,7 @@ the request retires; a preemption is passed on (`Drafter.preempted`).
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from ingot.common.errors import IngotError
-from ingot.runtime.batch import Batch, DecodeInputs, build_inputs
+from ingot.runtime.batch import Batch, DecodeInputs, LocalLayers, build_inputs
 from ingot.runtime.kv_pool import KVPool, OutOfBlocks
 from ingot.runtime.logits import LogitsProcessor
 from ingot.runtime.outputs import Completion, SchedulerStats, StepOutput
@@ -72,6 +73,8 @@ __all__ = [
     "StepOutput",
 ]
 
+
+log = logging.getLogger(__name__)
 
 # Requests decoding at once unless set: enough for a burst of 32 clients to share every step
 # (vLLM's own default is higher still); the KV cache's automatic size follows it.
@@ -146,6 +149,18 @@ def _freeing_window(window: int | None, speculation: Speculation | None) -> int 
     return window
 
 
+def _local_layers(pool: KVPool, config: GeneratorConfig) -> LocalLayers | None:
+    """A pool with local layers (a model mixing local and global layers): their window and
+    scratch block for the batches (None: no local layers)."""
+    if pool.local_scratch_block is None:
+        return None
+    if config.sliding_window is None:
+        raise ValueError("a pool with local layers needs the model's sliding_window")
+    if config.enable_prefix_caching:
+        log.info("prefix caching off: the model mixes local and global layers (a first cut)")
+    return LocalLayers(config.sliding_window, pool.local_scratch_block)
+
+
 class Generator:
     """Runs requests to completion over one session and one KV pool (not thread-safe: one
     thread calls every method)."""
@@ -179,8 +194,12 @@ class Generator:
             policy=config.scheduling_policy,
             sliding_window=_freeing_window(config.sliding_window, speculation),
         )
+        # A model mixing local and global layers: the window is the local layers' (their own
+        # inputs and pool), the global layers' inputs have none.
+        self._local = _local_layers(pool, config)
+        self._window = None if self._local is not None else config.sliding_window
         # Plain decode calls: the last one's arrays, advanced in place while the batch holds.
-        self._decode_inputs = DecodeInputs(config.sliding_window, self._scratch)
+        self._decode_inputs = DecodeInputs(self._window, self._scratch, self._local)
         self._ids = itertools.count()
         self._requests: dict[int, _Request] = {}  # unfinished
         self._finished: dict[int, _Request] = {}  # until popped
@@ -385,7 +404,9 @@ class Generator:
         if all(c.num_tokens == 1 for c in chunks):
             inputs = self._decode_inputs.build(seqs)
         else:
-            inputs = build_inputs(seqs, self.config.sliding_window, scratch_block=self._scratch)
+            inputs = build_inputs(
+                seqs, self._window, scratch_block=self._scratch, local=self._local
+            )
         last, new_kv = self.session.run(inputs)  # [S, V]: each sequence's last new token
         hidden = self.session.hidden if self._needs_hidden else None  # [S, H], as `last`
         soon = self._drafts_soon()
@@ -467,7 +488,7 @@ class Generator:
             for c, d in zip(chunks, drafts, strict=True)
         ]
         inputs = build_inputs(
-            seqs, self.config.sliding_window, all_logits=True, scratch_block=self._scratch
+            seqs, self._window, all_logits=True, scratch_block=self._scratch, local=self._local
         )
         logits, new_kv = self.session.run(inputs)  # [T, V]: every real token, in order
         hidden = self.session.hidden if self._needs_hidden else None  # [T, H], as `logits`

@@ -27,6 +27,7 @@ __all__ = [
     "BlockAllocator",
     "BlockShapes",
     "BlockTable",
+    "HybridTable",
     "KVCacheAllocationFailed",
     "KVCacheTooSmall",
     "KVLayout",
@@ -159,6 +160,11 @@ class BlockTable:
         total = -(-(self.num_tokens + n_new) // self.block_size)
         return max(0, total - len(self.block_ids))
 
+    def capacity(self) -> int:
+        """How many more tokens the table can take with its blocks and the free ones."""
+        unused = len(self.block_ids) * self.block_size - self.num_tokens
+        return unused + self.allocator.num_free * self.block_size
+
     def slots_for(self, n_new: int) -> np.ndarray:
         """Pool slots [n_new] int64 for the next `n_new` tokens, allocating blocks on demand
         (`reserve`, which see)."""
@@ -224,6 +230,85 @@ class BlockTable:
         self.generation += 1
 
 
+@dataclass(slots=True)
+class HybridTable:
+    """One sequence's blocks in a pool whose local (sliding-window) layers have blocks of
+    their own (a model mixing local and global layers): `main` in the global layers' blocks,
+    `local` in the local layers'. Both always hold the same positions; only `local` gives
+    blocks back behind the window (`free_before`), so the local layers' KV stays bounded by
+    it while the global layers keep the whole context. Reads as `main` where a caller needs one
+    table (its ids, its token count); every change goes to both, all or nothing."""
+
+    main: BlockTable
+    local: BlockTable
+
+    @property
+    def block_size(self) -> int:
+        return self.main.block_size
+
+    @property
+    def block_ids(self) -> list[int]:
+        return self.main.block_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return self.main.num_tokens
+
+    @property
+    def num_freed(self) -> int:
+        return self.main.num_freed  # the global layers never free: 0
+
+    @property
+    def generation(self) -> int:
+        # Both only grow: their sum changes whenever either table loses blocks.
+        return self.main.generation + self.local.generation
+
+    def free_before(self, position: int) -> int:
+        """The window frees the local layers' blocks only."""
+        return self.local.free_before(position)
+
+    def blocks_needed(self, n_new: int) -> int:
+        return self.main.blocks_needed(n_new)
+
+    def capacity(self) -> int:
+        """The smaller of the two tables' room: a token needs a slot in both."""
+        return min(self.main.capacity(), self.local.capacity())
+
+    def reserve(self, n_new: int) -> None:
+        """Both tables, or neither (OutOfBlocks, nothing changed)."""
+        if self.local.blocks_needed(n_new) > self.local.allocator.num_free:
+            raise OutOfBlocks(
+                f"{n_new} new tokens need {self.local.blocks_needed(n_new)} more local-layer "
+                f"KV cache blocks, {self.local.allocator.num_free} of "
+                f"{self.local.allocator.num_blocks} are free"
+            )
+        self.main.reserve(n_new)
+        self.local.reserve(n_new)
+
+    def slots_for(self, n_new: int) -> np.ndarray:
+        """The global layers' slots of the next `n_new` tokens, both tables reserved."""
+        first = self.num_tokens
+        self.reserve(n_new)
+        positions = np.arange(first, first + n_new, dtype=np.int64)
+        return slots_of(self.main.block_ids, self.block_size, positions)
+
+    def share(self, blocks: list[int]) -> None:
+        """Cached prefix blocks hold the global layers' K/V only: none are shared (the
+        scheduler runs a mixed model without prefix caching)."""
+        if blocks:
+            raise ValueError("a model mixing local and global layers shares no prefix blocks")
+        self.main.share([])
+        self.local.share([])
+
+    def truncate(self, num_tokens: int) -> None:
+        self.main.truncate(num_tokens)
+        self.local.truncate(num_tokens)
+
+    def release(self) -> None:
+        self.main.release()
+        self.local.release()
+
+
 # The shape of one block of K and of V when an engine's blocks are not [B, Hkv, D] (KVLayout).
 BlockShapes = tuple[tuple[int, ...], tuple[int, ...]]
 
@@ -255,17 +340,38 @@ class KVLayout:
     head_dim: int
     dtype: np.dtype
     block_shapes: BlockShapes | None = None
+    # A model mixing local and global layers: the local (sliding-window) layers, whose blocks
+    # are a pool of their own (`KVPool.local_allocator`).
+    local_layers: tuple[int, ...] = ()
 
     @property
     def bytes_per_block(self) -> int:
-        shape = (self.num_layers, self.block_size, self.num_kv_heads, self.head_dim)
+        """Bytes of one block across every layer (of a mixed model: the global layers')."""
+        return self.layer_block_bytes * (self.num_layers - len(self.local_layers))
+
+    @property
+    def local_bytes_per_block(self) -> int:
+        """Bytes of one block of the local layers' pool (0: the model has none)."""
+        return self.layer_block_bytes * len(self.local_layers)
+
+    @property
+    def layer_block_bytes(self) -> int:
+        """Bytes of one block of one layer, keys and values."""
+        shape = (1, self.block_size, self.num_kv_heads, self.head_dim)
         return KVPool.bytes_per_block(*shape, self.dtype, block_shapes=self.block_shapes)
 
-    def pool(self, num_blocks: int) -> KVPool:
-        """A pool of `num_blocks` blocks (plus the scratch block) in this layout."""
+    def pool(self, num_blocks: int, num_local_blocks: int | None = None) -> KVPool:
+        """A pool of `num_blocks` blocks (plus the scratch block) in this layout; its local
+        layers' pool of `num_local_blocks` (default: as many)."""
         shape = (self.block_size, self.num_kv_heads, self.head_dim)
         return KVPool(
-            self.num_layers, num_blocks, *shape, self.dtype, block_shapes=self.block_shapes
+            self.num_layers,
+            num_blocks,
+            *shape,
+            self.dtype,
+            block_shapes=self.block_shapes,
+            local_layers=self.local_layers,
+            num_local_blocks=num_local_blocks,
         )
 
 
@@ -280,7 +386,17 @@ class KVPool:
     bind them without copying and see every write.
     """
 
-    __slots__ = ("allocator", "block_size", "k", "v", "prefix_cache", "_k_flat", "_v_flat")
+    __slots__ = (
+        "allocator",
+        "block_size",
+        "k",
+        "v",
+        "prefix_cache",
+        "local_layers",
+        "local_allocator",
+        "_k_flat",
+        "_v_flat",
+    )
 
     def __init__(
         self,
@@ -292,32 +408,39 @@ class KVPool:
         dtype: np.dtype | type = np.float32,
         *,
         block_shapes: BlockShapes | None = None,
+        local_layers: tuple[int, ...] = (),
+        num_local_blocks: int | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         block = (block_size, num_kv_heads, head_dim)
         k_block, v_block = block_shapes or (block, block)
+        # The local layers of a model mixing local and global layers: arrays of their own
+        # block count, blocks from their own allocator, tables of their own (`HybridTable`).
+        num_local_blocks = num_blocks if num_local_blocks is None else num_local_blocks
+        blocks = [num_local_blocks if i in local_layers else num_blocks for i in range(num_layers)]
         # zeros, not empty: masked slots still go through the attention matmul, and garbage
         # (NaN) there would poison the output even with a zero weight.
         # Zero-filled by writing, not np.zeros' lazily mapped pages: otherwise the first write
         # to every page faults inside a decode step (tens of µs per step of a fresh server),
         # and the resident size would creep up instead of being what the log line says.
-        k_shape, v_shape = (num_blocks + 1, *k_block), (num_blocks + 1, *v_block)  # + scratch
-        try:
-            self.k = [_zero_filled(k_shape, dtype) for _ in range(num_layers)]
-            self.v = [_zero_filled(v_shape, dtype) for _ in range(num_layers)]
+        try:  # + 1: the scratch block
+            self.k = [_zero_filled((n + 1, *k_block), dtype) for n in blocks]
+            self.v = [_zero_filled((n + 1, *v_block), dtype) for n in blocks]
         except MemoryError as e:
-            elements = int(np.prod(k_shape)) + int(np.prod(v_shape))
-            raise KVCacheAllocationFailed(num_layers * elements * np.dtype(dtype).itemsize) from e
+            elements = int(np.prod(k_block)) + int(np.prod(v_block))
+            nbytes = sum(n + 1 for n in blocks) * elements * np.dtype(dtype).itemsize
+            raise KVCacheAllocationFailed(nbytes) from e
         # Reshapes of contiguous arrays are views: writing through them writes the pool.
         # [NB*B, Hkv*D] views: a slot is one row, whatever shape the new K/V come in. Blocks
         # in an engine's own form have no such rows: only its graph writes them.
-        rows = (num_blocks + 1) * block_size
         own_form = block_shapes is not None
-        self._k_flat = None if own_form else [a.reshape(rows, -1) for a in self.k]
-        self._v_flat = None if own_form else [a.reshape(rows, -1) for a in self.v]
+        self._k_flat = None if own_form else [a.reshape(-1, a[0, 0].size) for a in self.k]
+        self._v_flat = None if own_form else [a.reshape(-1, a[0, 0].size) for a in self.v]
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
+        self.local_layers = tuple(local_layers)
+        self.local_allocator = BlockAllocator(num_local_blocks) if local_layers else None
         # One per pool: every generator on this pool must see the same cached blocks.
         self.prefix_cache = PrefixCache(self.allocator)
 
@@ -382,12 +505,21 @@ class KVPool:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the blocks the allocator hands out: the KV cache's capacity (the arrays
+        """Bytes of the blocks the allocators hand out: the KV cache's capacity (the arrays
         hold one block more, the scratch block)."""
-        return self.num_blocks * sum(a[0].nbytes for a in (self.k[0], self.v[0])) * len(self.k)
+        return sum((len(a) - 1) * a[0].nbytes for a in (*self.k, *self.v))
 
-    def new_block_table(self) -> BlockTable:
-        return BlockTable(self.allocator, self.block_size)
+    @property
+    def local_scratch_block(self) -> int | None:
+        """The local layers' scratch block (after their allocator's); None: no local layers."""
+        return None if self.local_allocator is None else self.local_allocator.num_blocks
+
+    def new_block_table(self) -> BlockTable | HybridTable:
+        """A sequence's table: a `HybridTable` when the pool has local layers."""
+        table = BlockTable(self.allocator, self.block_size)
+        if self.local_allocator is None:
+            return table
+        return HybridTable(table, BlockTable(self.local_allocator, self.block_size))
 
     def write(self, slots: np.ndarray, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Scatter k, v [n, Hkv*D] (or [n, Hkv, D]) into `slots` [n] of `layer` (cast to the

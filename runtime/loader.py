@@ -10,7 +10,7 @@ as many blocks as the target's (the target's block tables address both).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ingot.artifacts import EngineInfo, GraphInfo
@@ -22,7 +22,18 @@ from ingot.runtime.speculative.eagle import EagleDraft, eagle_kv_layout
 from ingot.runtime.speculative.load import DraftModel
 from ingot.runtime.speculative.medusa import MedusaHeads
 
-__all__ = ["DrafterFiles", "EngineFiles", "OpenedEngine", "open_engine"]
+__all__ = ["DrafterFiles", "EngineFiles", "OpenedEngine", "local_layers", "open_engine"]
+
+
+def local_layers(graph: GraphInfo) -> tuple[int, ...]:
+    """The layers of a graph mixing local and global layers whose pools have a block count of
+    their own (NBL: pipeline/export/decoder.py); () for every other graph."""
+    return tuple(
+        layer
+        for layer in range(graph.num_layers)
+        for spec in graph.inputs
+        if spec.name == f"k_pool_{layer}" and spec.shape[:1] == ["NBL"]
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +49,10 @@ class EngineFiles:
     sliding_window: int | None = None
 
     def kv_layout(self) -> KVLayout:
-        """The pool its session reads, as its engine kind's runtime plug-in declares it."""
-        return ENGINE_RUNTIMES.get(self.engine.engine).kv_layout(self.graph, self.engine)
+        """The pool its session reads, as its engine kind's runtime plug-in declares it, with
+        the graph's local layers (a model mixing local and global layers)."""
+        layout = ENGINE_RUNTIMES.get(self.engine.engine).kv_layout(self.graph, self.engine)
+        return replace(layout, local_layers=local_layers(self.graph))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,16 +91,18 @@ def open_engine(
     num_blocks: int,
     drafter: DrafterFiles | None = None,
     *,
+    num_local_blocks: int | None = None,
     spinning: bool = True,
     profile_file_prefix: str | None = None,
 ) -> OpenedEngine:
-    """`target` on a pool of `num_blocks` blocks, and `drafter`. The target's session binds its
+    """`target` on a pool of `num_blocks` blocks (its local layers', if any, of
+    `num_local_blocks`, default as many), and `drafter`. The target's session binds its
     `hidden` output for Medusa heads (which draft from it), `aux_hidden` for an EAGLE-3 draft
     (its features). `spinning=False` lets the engine's threads sleep between calls;
     `profile_file_prefix` turns on the engine's profiler."""
     drafter = drafter or DrafterFiles()
     runtime = ENGINE_RUNTIMES.get(target.engine.engine)
-    pool = runtime.kv_layout(target.graph, target.engine).pool(num_blocks)
+    pool = target.kv_layout().pool(num_blocks, num_local_blocks)
     settings = SessionSettings(
         hidden=drafter.heads is not None,
         aux=drafter.eagle is not None,

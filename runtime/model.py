@@ -126,13 +126,23 @@ class LoadedModel:
         speculative = resolve_config(manifest, speculative_config)
         target = _engine_files(root, manifest, selected)
         drafter = drafter_files(root, manifest, selected.name, speculative)
-        sizing = _PoolSizing(max_num_seqs, enable_prefix_caching, manifest.model.max_seq_len)
+        sizing = _PoolSizing(
+            max_num_seqs,
+            enable_prefix_caching,
+            manifest.model.max_seq_len,
+            _local_blocks_per_seq(manifest, target, drafter, max_num_batched_tokens),
+        )
         blocks, sized = _pool_blocks(
             manifest, target, drafter, kv_cache_blocks, kv_cache_bytes, sizing
         )
         tokenizer = TextTokenizer.from_artifact(root, manifest.tokenizer, chat_template)
         opened = open_engine(
-            target, blocks, drafter, spinning=spinning, profile_file_prefix=profile_file_prefix
+            target,
+            blocks,
+            drafter,
+            num_local_blocks=local_pool_blocks(blocks, sizing),
+            spinning=spinning,
+            profile_file_prefix=profile_file_prefix,
         )
         _log_loaded(opened.pool, manifest.graph.kv_dtype, sized, sizing, speculative)
         return cls(
@@ -235,6 +245,23 @@ def drafter_files(
     return DrafterFiles()
 
 
+def _local_blocks_per_seq(
+    manifest: Manifest, target: EngineFiles, drafter: DrafterFiles, max_num_batched_tokens: int
+) -> int | None:
+    """The most local-layer blocks one sequence holds: those of its window behind a prefill
+    chunk of max_num_batched_tokens, plus a block the chunk may start in (the scheduler frees
+    the rest); a full-length sequence's under an EAGLE-3 draft, which keeps every block. None
+    when the graph has no local layers."""
+    layout = target.kv_layout()
+    if not layout.local_layers:
+        return None
+    full = -(-manifest.model.max_seq_len // layout.block_size)
+    window = manifest.model.sliding_window or 0
+    if drafter.eagle is not None:
+        return full
+    return min(full, -(-(window - 1 + max_num_batched_tokens) // layout.block_size) + 1)
+
+
 @dataclass(frozen=True, slots=True)
 class _PoolSizing:
     """What bounds the pool besides its budget: max_num_seqs full-length sequences."""
@@ -242,6 +269,9 @@ class _PoolSizing:
     max_num_seqs: int
     prefix_caching: bool
     max_seq_len: int
+    # A model mixing local and global layers: the blocks one sequence's local layers hold at
+    # most (window + a prefill chunk + a block; None: no local layers).
+    local_blocks_per_seq: int | None = None
 
 
 def _pool_blocks(
@@ -258,11 +288,13 @@ def _pool_blocks(
     block_size, per_block = layout.block_size, layout.bytes_per_block + drafter.bytes_per_block()
     blocks_per_seq = -(-sizing.max_seq_len // block_size)
     full = sizing.max_num_seqs * blocks_per_seq  # what max_num_seqs full-length sequences use
+    local_cap = sizing.max_num_seqs * (sizing.local_blocks_per_seq or 0)
+    local_bytes = layout.local_bytes_per_block
     auto = None
     if blocks is not None:
         sized = "a fixed number of blocks"
     elif budget_bytes is not None:
-        blocks = budget_bytes // per_block
+        blocks = _blocks_in(budget_bytes, per_block, local_bytes, local_cap)
         sized = f"budget {format_bytes(budget_bytes)}"
         if not sizing.prefix_caching:
             # Blocks beyond max_num_seqs full-length sequences would be dead memory; with
@@ -276,7 +308,7 @@ def _pool_blocks(
         else:
             budget = int(available * AUTO_KV_CACHE_FRACTION)
             auto = f"{AUTO_KV_CACHE_FRACTION:g} of {format_bytes(available)} available"
-        blocks = min(budget // per_block, full)
+        blocks = min(_blocks_in(budget, per_block, local_bytes, local_cap), full)
         sized = f"auto: {auto}, at most {sizing.max_num_seqs} sequences of "
         sized += f"{sizing.max_seq_len} tokens"
     if blocks < blocks_per_seq:
@@ -290,6 +322,23 @@ def _pool_blocks(
             auto=auto,
         )
     return blocks, sized
+
+
+def _blocks_in(budget: int, per_block: int, local_bytes: int, local_cap: int) -> int:
+    """The global layers' blocks a budget holds beside the local layers' pool, which has as
+    many blocks up to `local_cap` (what max_num_seqs windows use) and no more: n with
+    n * per_block + min(n, local_cap) * local_bytes <= budget."""
+    if not local_bytes or budget < local_cap * (per_block + local_bytes):
+        return budget // (per_block + local_bytes)
+    return local_cap + (budget - local_cap * (per_block + local_bytes)) // per_block
+
+
+def local_pool_blocks(blocks: int, sizing: _PoolSizing) -> int | None:
+    """The local layers' pool beside `blocks` global ones: as many, at most what max_num_seqs
+    sequences' windows hold (`_PoolSizing.local_blocks_per_seq`); None: no local layers."""
+    if sizing.local_blocks_per_seq is None:
+        return None
+    return min(blocks, sizing.max_num_seqs * sizing.local_blocks_per_seq)
 
 
 def _log_loaded(
@@ -314,6 +363,14 @@ def _log_loaded(
         pool.num_blocks // -(-sizing.max_seq_len // pool.block_size),
         sizing.max_seq_len,
     )
+    if pool.local_allocator is not None:
+        log.info(
+            "KV cache of the local (sliding-window) layers %s: %d blocks of their own, at most "
+            "%d per sequence (window, a prefill chunk, a block); prefix caching off",
+            list(pool.local_layers),
+            pool.local_allocator.num_blocks,
+            sizing.local_blocks_per_seq,
+        )
     if speculative is not None:
         log.info(
             "speculative decoding: %s, %d tokens per step",

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ingot.runtime.kv_pool import BlockTable, KVPool
+from ingot.runtime.kv_pool import BlockTable, HybridTable, KVPool
 from ingot.runtime.prefix_cache import chain_hashes
 
 __all__ = [
@@ -66,7 +66,7 @@ class SequenceState:
     id: int
     token_ids: list[int]  # the prompt, then the output so far
     num_prompt_tokens: int
-    table: BlockTable
+    table: BlockTable | HybridTable  # HybridTable: a model mixing local and global layers
     block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks
     num_cached_blocks: int = 0  # leading blocks of `table` the prefix cache knows
     priority: int = 0  # lower first, under the "priority" policy (ignored under "fcfs")
@@ -150,7 +150,10 @@ class Scheduler:
         self.block_size = pool.block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.cache = pool.prefix_cache if enable_prefix_caching else None
+        # A mixed model's local layers hold no cached prefix (their blocks are freed behind
+        # the window): no prefix caching for it, as a first cut (the Generator logs it).
+        caching = enable_prefix_caching and pool.local_allocator is None
+        self.cache = pool.prefix_cache if caching else None
         # Told of each preempted sequence, after its blocks went back: whoever keeps state of
         # it beside the pool (a drafter, through the Generator) drops what the blocks held.
         self.on_preempt = on_preempt
@@ -276,10 +279,9 @@ class Scheduler:
             seq.table.free_before(seq.num_computed - self.sliding_window + 1)
 
     def capacity(self, seq: SequenceState) -> int:
-        """How many more tokens `seq` can take with the blocks it has and the free ones."""
-        table = seq.table
-        unused = len(table.block_ids) * self.block_size - table.num_tokens
-        return unused + self.pool.allocator.num_free * self.block_size
+        """How many more tokens `seq` can take with the blocks it has and the free ones (in
+        both pools of a mixed model)."""
+        return seq.table.capacity()
 
     def _preempt(self, seq: SequenceState) -> None:
         self.running.remove(seq)
@@ -301,6 +303,8 @@ class Scheduler:
         new_blocks = -(-(start + n) // self.block_size) - len(hits)
         revived = sum(allocator.is_free(b) for b in hits)  # cached, but on the free list
         if new_blocks > allocator.num_free - revived:
+            return False
+        if not hits and n > seq.table.capacity():  # a mixed model's local layers' pool too
             return False
         self.waiting.popleft()
         seq.table.share(hits)  # before allocating: the allocator must not evict the hits

@@ -18,8 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ingot.runtime.batch import build_inputs
-from ingot.runtime.kv_pool import BlockTable
+from ingot.runtime.batch import LocalLayers, build_inputs
 from ingot.runtime.loader import EngineFiles, open_engine
 
 __all__ = ["engine_perplexity"]
@@ -42,11 +41,15 @@ def engine_perplexity(
     pool, session = opened.pool, opened.session
     del opened
     total = 0.0  # float64: thousands of windows would lose digits in fp32
+    window, local = engine.sliding_window, None
+    if pool.local_scratch_block is not None:  # local layers: the window is theirs only
+        window, local = None, LocalLayers(engine.sliding_window, pool.local_scratch_block)
     try:
         for index, ids in enumerate(windows):
-            table = BlockTable(pool.allocator, block)
+            table = pool.new_block_table()
             table.reserve(length)
-            batch = build_inputs([(table, ids.tolist(), 0)], scratch_block=session.scratch_block)
+            feed = [(table, ids.tolist(), 0)]
+            batch = build_inputs(feed, window, scratch_block=session.scratch_block, local=local)
             batch.logits_indices = np.arange(length, dtype=np.int64)  # every row, not the last
             logits, _ = session.run(batch)  # [L, V]
             total += _nll(logits[:-1], ids[1:])

@@ -364,7 +364,7 @@ def _layer_chunks(
             new = (torch.cat((cache[0], new[0]), dim=2), torch.cat((cache[1], new[1]), dim=2))
         cache = new
         keys = torch.arange(end)[None]  # the cache holds positions 0..end-1
-        visible = causal_mask(positions, keys, cfg.sliding_window)  # [1, 1, T, end]
+        visible = causal_mask(positions, keys, layer.window)  # [1, 1, T, end]
         # the layer's unrounded copies of the chunk's K/V, [1, 1, T, T]: never attended
         hidden_fresh = torch.zeros_like(visible[..., : end - start])
         out, _ = layer(chunk, cos, sin, torch.cat((visible, hidden_fresh), dim=-1), cache)
@@ -455,6 +455,9 @@ class _PagedCache:
         # A graph with kv_slots writes each call's K/V into the pool itself (its outputs are
         # the written pools); an older one returns them and this cache writes them.
         self.writes_pool = "kv_slots" in spec
+        # A model mixing local and global layers: the local layers read tables, slots and a
+        # mask of their own; here the same tables and slots, the mask with the window.
+        self.local = "block_tables_local" in spec
         per_seq = [-(-n // self.block) for n in lengths]  # ceil
         num_blocks = sum(per_seq) + 3  # spare blocks that no table names
         ids = rng.permutation(num_blocks)  # scattered, non-contiguous block ids
@@ -506,7 +509,8 @@ class _PagedCache:
         positions = np.zeros((s_count, q), dtype=np.int64)
         # Key slots: the table's, then (a graph that returns its K/V) the call's own tokens.
         width = past if self.writes_pool else past + q
-        mask = np.zeros((s_count, 1, q, width), dtype=bool)
+        # by window: the global layers' (None) and the local layers' of a mixed model
+        masks = {w: np.zeros((s_count, 1, q, width), dtype=bool) for w in {window, None}}
         kv_slots = np.zeros((s_count, q, 2), dtype=np.int64)
         kv_slots[..., 0] = self.scratch  # padded rows write here
         for s, (chunk, ctx) in enumerate(zip(chunks, context, strict=True)):
@@ -523,20 +527,29 @@ class _PagedCache:
                 key_ok = np.concatenate([np.arange(past) < ctx, np.arange(q) < n])
             for t in range(n):
                 allowed = key_ok & (key_pos <= ctx + t)
-                if window is not None:
-                    allowed &= ctx + t - key_pos < window
-                mask[s, 0, t] = allowed
+                for w, mask in masks.items():
+                    mask[s, 0, t] = allowed if w is None else allowed & (ctx + t - key_pos < w)
             # Padding queries attend to one slot only: no all-False row, outputs ignored.
             pad = np.arange(n, q)
-            mask[s, 0, pad, 0 if self.writes_pool else past + pad] = True
+            for mask in masks.values():
+                mask[s, 0, pad, 0 if self.writes_pool else past + pad] = True
         feed = {
             "input_ids": ids,
             "positions": positions,
             "block_tables": self.tables,
             "context_lens": np.asarray(context, dtype=np.int64),
-            "attention_mask": mask,
+            "attention_mask": masks[None if self.local else window],
             "logits_indices": np.arange(s_count * q, dtype=np.int64),  # every row
             **({"kv_slots": kv_slots} if self.writes_pool else {}),
+            **(
+                {
+                    "block_tables_local": self.tables,
+                    "attention_mask_local": masks[window],
+                    "kv_slots_local": kv_slots,
+                }
+                if self.local
+                else {}
+            ),
             **self.pools,
         }
         out = self.runner.run(feed)

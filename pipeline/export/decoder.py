@@ -12,6 +12,11 @@ Graph interface (the contract with the runtime; see docs/design.md, "Graph inter
              (K rotated) written at kv_slots, which the runtime binds to the pools' own memory,
              with `aux_layers` (EAGLE-3) also aux_hidden [S, Q, 3*hidden] f32: the residual
              streams entering those layers, concatenated, for every row of the call
+    a model mixing local (sliding-window) and global layers (`ModelConfig.layer_windows`):
+             the local layers' pools are [NBL, B, Hkv, D] and they read block_tables_local
+             [S, MBL] int64, kv_slots_local [S, Q, 2] int64 and attention_mask_local
+             [S, 1, Q, MBL*B] bool (the window applied) instead of the three above, so their
+             blocks are a pool of their own that a window bounds
 
 The graph writes the call's K/V into the pool itself (ScatterND), then gathers every position
 it attends to, its own tokens included, from the pool: no Concat of the past with the new K/V.
@@ -47,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -218,10 +223,12 @@ def _build(
     pool_type, kv_type = _KV_TYPES[kv_dtype]
     ids = g.input("input_ids", TensorProto.INT64, ["S", "Q"])
     positions = g.input("positions", TensorProto.INT64, ["S", "Q"])
+    # A local layer's pool has its own block count (NBL: `_local_inputs`).
+    blocks = ["NBL" if w is not None and cfg.layer_windows else "NB" for w in cfg.windows]
     pools = [
         (
-            g.input(f"k_pool_{i}", pool_type, ["NB", bs, hkv, d]),
-            g.input(f"v_pool_{i}", pool_type, ["NB", bs, hkv, d]),
+            g.input(f"k_pool_{i}", pool_type, [blocks[i], bs, hkv, d]),
+            g.input(f"v_pool_{i}", pool_type, [blocks[i], bs, hkv, d]),
         )
         for i in range(cfg.num_layers)
     ]
@@ -234,6 +241,9 @@ def _build(
     kv_slots = g.input("kv_slots", TensorProto.INT64, ["S", "Q", 2]) if writes_pool else None
 
     consts = shared_tensors(g, cfg, max_seq_len, kv_dtype, kv_slots)
+    # The local layers of a model mixing local and global layers read their own pool blocks:
+    # a table, slots and a mask of their own (`_local_inputs`).
+    local = _local_inputs(g, consts) if cfg.layer_windows is not None else None
 
     # One part of the model alive at a time: each is written, then let go (`del`) before the
     # next is read, so a disk source never holds two.
@@ -243,7 +253,8 @@ def _build(
     for i in range(cfg.num_layers):
         entering[i] = x
         layer = src.layer(i)
-        x = _layer(g, cfg, layer, i, x, positions, pools[i], tables, mask, consts, kv_type)
+        reads = (tables, mask, consts) if local is None or blocks[i] == "NB" else local
+        x = _layer(g, cfg, layer, i, x, positions, pools[i], *reads, kv_type)
         del layer
 
     # Only the rows the runtime samples from go through the final norm and lm_head.
@@ -266,7 +277,7 @@ def _build(
     for i in range(cfg.num_layers):
         for kind in "kv":
             if writes_pool:
-                g.output(f"{kind}_pool_out_{i}", pool_type, ["NB", bs, hkv, d])
+                g.output(f"{kind}_pool_out_{i}", pool_type, [blocks[i], bs, hkv, d])
             else:
                 g.output(f"new_{kind}_{i}", kv_type, ["S", "Q", hkv * d])
 
@@ -301,6 +312,23 @@ def shared_tensors(
         kv_slots=kv_slots,
         kv_rows=g.ints("shape.kv_rows", rows) if kv_slots is not None else None,
     )
+
+
+def _local_inputs(g: GraphBuilder, consts: SharedTensors) -> tuple[str, str, SharedTensors]:
+    """The inputs the local (sliding-window) layers of a model mixing local and global layers
+    read instead of the global ones: ``block_tables_local`` [S, MBL] into their own pools
+    (NBL blocks, a window's worth per sequence), ``attention_mask_local`` [S, 1, Q, MBL*B]
+    (the window applied) and ``kv_slots_local`` [S, Q, 2]; plain int64 / bool inputs through
+    the same Gather / ScatterND / Attention path as the global ones."""
+    if consts.kv_slots is None:
+        raise ExportError(
+            "kv_cache.dtype: fp8 returns the call's K/V instead of writing the pool, which a "
+            "model mixing local and global layers does not support (use fp16, fp32 or int8)"
+        )
+    tables = g.input("block_tables_local", TensorProto.INT64, ["S", "MBL"])
+    mask = g.input("attention_mask_local", TensorProto.BOOL, ["S", 1, "Q", "KVL"])
+    slots = g.input("kv_slots_local", TensorProto.INT64, ["S", "Q", 2])
+    return tables, mask, replace(consts, kv_slots=slots)
 
 
 def _fp8_values(g: GraphBuilder) -> str:

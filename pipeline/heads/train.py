@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..model.layer_source import LayerSource
-from ..model.llama import causal_mask
+from ..model.llama import window_masks
 from ..model.medusa import MedusaConfig, MedusaHeadsModel
 from ..model.qlinear import QuantizedLinear, dequantized
 from ..model.rope import cos_sin
@@ -63,14 +63,16 @@ def final_hidden(
     t = windows.shape[1]
     positions = torch.arange(t)[None]  # [1, T]
     cos, sin = cos_sin(cfg, positions, seq_len=t)
-    mask = causal_mask(positions, positions, cfg.sliding_window)  # [1, 1, T, T]
+    masks = window_masks(positions, positions, cfg)  # [1, 1, T, T] per layer window
     for i in range(cfg.num_layers):
         if layer_input is not None:
             layer_input(i, x)
         layer = source.layer(i)
         with dequantized(layer):  # once per layer, not per batch
             for b in range(0, len(x), _FORWARD_BATCH):
-                x[b : b + _FORWARD_BATCH] = layer(x[b : b + _FORWARD_BATCH], cos, sin, mask)[0]
+                x[b : b + _FORWARD_BATCH] = layer(
+                    x[b : b + _FORWARD_BATCH], cos, sin, masks[layer.window]
+                )[0]
         del layer
     return source.final_norm()(x)
 

@@ -73,7 +73,16 @@ def gguf_model_problems(cfg: ModelConfig) -> list[str]:
             f"{cfg.rope.type!r}; llama.cpp runs default, linear and llama3)"
         )
     window = cfg.sliding_window
-    if window is not None and window < cfg.max_position_embeddings:
+    if cfg.layer_windows is not None:
+        # llama.cpp's qwen2 reads no window at all (its hparams load has no sliding-window
+        # key), let alone one per layer.
+        local = [i for i, w in enumerate(cfg.layer_windows) if w is not None]
+        problems.append(
+            f"gguf: llama.cpp runs no layer with a sliding window, and this model mixes them "
+            f"(config.json layer_types / max_window_layers: layers {local} of {cfg.num_layers} "
+            f"slide by {window}, the others attend to the whole context)"
+        )
+    elif window is not None and window < cfg.max_position_embeddings:
         problems.append(
             "gguf: llama.cpp runs this model without sliding-window attention (config.json "
             f"sliding_window = {window}, below max_position_embeddings = "

@@ -55,7 +55,11 @@ class ModelConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     tie_word_embeddings: bool = False
+    # The window of the layers that slide (None: none does); `layer_windows` says which, one
+    # entry per layer (None: that layer attends to the whole context), for a model mixing
+    # local and global layers; None when every layer has `sliding_window`.
     sliding_window: int | None = None
+    layer_windows: tuple[int | None, ...] | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
@@ -63,6 +67,17 @@ class ModelConfig:
     def family(self) -> ModelFamily:
         """The model family this config belongs to (what its layer holds and how it runs)."""
         return MODEL_FAMILIES.get(self.architecture)
+
+    def window_of(self, layer: int) -> int | None:
+        """The attention window of decoder layer `layer` (None: the whole context)."""
+        if self.layer_windows is None:
+            return self.sliding_window
+        return self.layer_windows[layer]
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """Every layer's window, in layer order."""
+        return tuple(self.window_of(i) for i in range(self.num_layers))
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
@@ -86,6 +101,7 @@ class ModelConfig:
         head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        window, layer_windows = _window(family, hf)
         return cls(
             architecture=arch,
             vocab_size=hf["vocab_size"],
@@ -101,7 +117,8 @@ class ModelConfig:
             qkv_bias=_switch(family.biases.qkv, hf),
             o_bias=_switch(family.biases.o, hf),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", family.tie_default)),
-            sliding_window=_window(family, hf),
+            sliding_window=window,
+            layer_windows=layer_windows,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
@@ -122,6 +139,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         d = dict(d, rope=RopeConfig(**d["rope"]), eos_token_ids=tuple(d["eos_token_ids"]))
+        if d.get("layer_windows") is not None:
+            d["layer_windows"] = tuple(d["layer_windows"])
         return cls(**d)
 
 
@@ -130,27 +149,24 @@ def _switch(rule: bool | str, hf: dict[str, Any]) -> bool:
     return rule if isinstance(rule, bool) else bool(hf.get(rule, False))
 
 
-def _window(family: ModelFamily, hf: dict[str, Any]) -> int | None:
-    """The window every layer slides by, or None when no layer slides; a model whose layers
-    mix the two (transformers' per-layer rule, `WindowRule`) is refused, not run with the
-    window on every layer or on none."""
+def _window(
+    family: ModelFamily, hf: dict[str, Any]
+) -> tuple[int | None, tuple[int | None, ...] | None]:
+    """(the window of the layers that slide, or None when none does; the per-layer windows
+    when local and global layers mix, as transformers decides which slide (`WindowRule`),
+    else None)."""
     rule = family.window
     if rule.key is None or (rule.switch is not None and not hf.get(rule.switch, True)):
-        return None
+        return None, None
     window = hf.get(rule.key)
     if window is None:
-        return None
+        return None, None
     sliding = _sliding_layers(rule, hf)
     if all(sliding):
-        return window
+        return window, None
     if not any(sliding):
-        return None
-    local = [i for i, s in enumerate(sliding) if s]
-    raise ConfigError(
-        f"config.json: layers {local} of {len(sliding)} slide (window {window}) and the others "
-        "attend to the whole context (layer_types / max_window_layers); models mixing local "
-        "and global layers are not supported yet"
-    )
+        return None, None
+    return window, tuple(window if s else None for s in sliding)
 
 
 def _sliding_layers(rule: WindowRule, hf: dict[str, Any]) -> list[bool]:

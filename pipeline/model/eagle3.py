@@ -241,6 +241,7 @@ class Eagle3Draft(nn.Module):
             o_bias=False,
             tie_word_embeddings=False,
             sliding_window=None,  # the draft attends over its whole cache, as vLLM's does
+            layer_windows=None,
             bos_token_id=None,
             eos_token_ids=(),
         )

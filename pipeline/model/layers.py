@@ -129,8 +129,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
+        # The attention window of this layer (None: the whole context); the caller hands
+        # `forward` the mask of this window (`llama.window_masks`).
+        self.window = cfg.window_of(index)
         self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg)
         self.mlp_norm = make_norm(cfg)

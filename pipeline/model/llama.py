@@ -14,7 +14,7 @@ from .layers import DecoderLayer, make_norm
 from .qembedding import QuantizedEmbedding
 from .rope import cos_sin
 
-__all__ = ["LlamaModel", "KVCache", "causal_mask"]
+__all__ = ["LlamaModel", "KVCache", "causal_mask", "window_masks"]
 
 # Per layer (k, v): [B, Hkv, P, D] each, P = tokens seen so far.
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
@@ -31,6 +31,15 @@ def causal_mask(
     return allowed[:, None]
 
 
+def window_masks(
+    q_positions: torch.Tensor, k_positions: torch.Tensor, cfg: ModelConfig
+) -> dict[int | None, torch.Tensor]:
+    """`causal_mask` once per distinct layer window of `cfg` (a layer reads
+    ``masks[layer.window]``): one mask for a model whose layers share a window, two for one
+    mixing local and global layers."""
+    return {w: causal_mask(q_positions, k_positions, w) for w in set(cfg.windows)}
+
+
 class LlamaModel(nn.Module):
     """Module names match the recipe's targets: ``layers.{i}.attn.q_proj``, ``lm_head``, …"""
 
@@ -38,7 +47,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_lm_head()
@@ -79,12 +88,12 @@ class LlamaModel(nn.Module):
         # Keys: the cached tokens sat at positions 0..past_len-1, the new ones at `positions`.
         past = torch.arange(past_len, device=positions.device).expand(b, past_len)
         k_positions = torch.cat((past, positions), dim=1)
-        mask = causal_mask(positions, k_positions, self.cfg.sliding_window)
+        masks = window_masks(positions, k_positions, self.cfg)  # [B, 1, T, past + T] each
 
         x = self.embed_tokens(input_ids)  # [B, T, hidden]
         new_cache: KVCache = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, cos, sin, mask, None if not cache else cache[i])
+            x, kv = layer(x, cos, sin, masks[layer.window], None if not cache else cache[i])
             new_cache.append(kv)
         hidden = self.norm(x)
         return self.lm_head(hidden), hidden, new_cache

@@ -189,7 +189,7 @@ class CheckpointReader:
     def layer(self, i: int) -> DecoderLayer:
         """Decoder layer ``i`` with its float weights."""
         with torch.device("meta"):
-            layer = DecoderLayer(self._cfg)
+            layer = DecoderLayer(self._cfg, i)
         prefix = f"layers.{i}."
         state = {k: self.tensor(prefix + k) for k in layer.state_dict()}
         try:

@@ -147,11 +147,11 @@ def save_layer(layer: DecoderLayer, stem: Path) -> None:
     meta.with_suffix(".json.tmp").replace(meta)
 
 
-def load_layer(cfg: ModelConfig, stem: Path) -> DecoderLayer:
+def load_layer(cfg: ModelConfig, index: int, stem: Path) -> DecoderLayer:
     quantized = json.loads(stem.with_suffix(".json").read_text())["quantized"]
     state = load_file(str(stem.with_suffix(".safetensors")))
     with torch.device("meta"):
-        layer = DecoderLayer(cfg)
+        layer = DecoderLayer(cfg, index)
     return fill_module(layer, quantized, state, f"{stem}: layer checkpoint")
 
 

@@ -132,7 +132,7 @@ class LayerCheckpoints:
         self.mark_done(i)
 
     def get(self, i: int) -> DecoderLayer:
-        return load_layer(self.cfg, self.stem(i))
+        return load_layer(self.cfg, i, self.stem(i))
 
     @property
     def lm_head_stem(self) -> Path:

@@ -77,7 +77,7 @@ class IRLayers:
         if not 0 <= i < self._cfg.num_layers:
             raise IndexError(f"layer {i} out of range (the model has {self._cfg.num_layers})")
         with torch.device("meta"):
-            layer = DecoderLayer(self._cfg)
+            layer = DecoderLayer(self._cfg, i)
         return self._module(layer, f"layers.{i}.")
 
     def final_norm(self) -> RMSNorm:

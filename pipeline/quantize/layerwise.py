@@ -38,7 +38,7 @@ from ingot.calibration.capture import AbsMaxObserver, ChannelObserver, HessianOb
 from ..model.architecture import GATE_UP, LAYER_GROUPS, NORM_GROUPS, QKV, scaling_groups
 from ..model.config import ModelConfig
 from ..model.layers import DecoderLayer
-from ..model.llama import causal_mask
+from ..model.llama import window_masks
 from ..model.qlinear import dequantize_in_place, dequantized, replace_module
 from ..model.rope import cos_sin
 from ..model.selection import entry_for
@@ -102,7 +102,7 @@ class LayerForward:
 
     cos: torch.Tensor
     sin: torch.Tensor
-    mask: torch.Tensor
+    masks: dict[int | None, torch.Tensor]  # [1, 1, T, T] per layer window
     batch: int  # samples per forward chunk
     device: torch.device
 
@@ -114,17 +114,18 @@ class LayerForward:
         positions = torch.arange(seq_len)[None]  # [1, T]
         # Computed on the CPU on every device: the device then runs with the same tables.
         cos, sin = cos_sin(cfg, positions, seq_len=seq_len)  # [1, T, D/2]
-        mask = causal_mask(positions, positions, cfg.sliding_window)  # [1, 1, T, T]
+        masks = window_masks(positions, positions, cfg)  # [1, 1, T, T] each
         widest = max(cfg.hidden_size * 4, cfg.intermediate_size * 3, cfg.num_heads * seq_len)
         batch = max(1, min(samples, _CHUNK_BYTES // (seq_len * widest * 4)))
-        return cls(cos.to(device), sin.to(device), mask.to(device), batch, device)
+        masks = {w: m.to(device) for w, m in masks.items()}
+        return cls(cos.to(device), sin.to(device), masks, batch, device)
 
-    @property
-    def rope_and_mask(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.cos, self.sin, self.mask
+    def rope_and_mask(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """cos, sin and the mask of `layer`'s window: what its attention takes after x."""
+        return self.cos, self.sin, self.masks[layer.window]
 
     def __call__(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return layer(x, *self.rope_and_mask)[0]
+        return layer(x, *self.rope_and_mask(layer))[0]
 
 
 def dequantized_for_propagation(layer: nn.Module) -> nn.Module:
@@ -169,7 +170,9 @@ def _observe_once(step: _Steps, x: ActivationStore, new_store, outputs: bool):
         xs = x.read(a, b)
         normed = layer.attn_norm(xs)
         step.feed(qkv, normed)
-        attn = input_of(layer.attn.o_proj, lambda: layer.attn(normed, *forward.rope_and_mask))
+        attn = input_of(
+            layer.attn.o_proj, lambda: layer.attn(normed, *forward.rope_and_mask(layer))
+        )
         step.feed(o, attn)
         h = layer.mlp_norm(xs + layer.attn.o_proj(attn))
         step.feed(gate_up, h)
@@ -200,7 +203,7 @@ def _true_sequential(step: _Steps, x: ActivationStore, new_store, outputs: bool)
 
     def attention(a: int, b: int) -> torch.Tensor:
         xs = layer.attn_norm(x.read(a, b))
-        return input_of(layer.attn.o_proj, lambda: layer.attn(xs, *forward.rope_and_mask))
+        return input_of(layer.attn.o_proj, lambda: layer.attn(xs, *forward.rope_and_mask(layer)))
 
     step.fill(attn, attention)
     if step.quantize(o, attn.read):  # a scale folded into v_proj (AWQ): the attention changed
@@ -358,7 +361,7 @@ def _inspected_output(layer: DecoderLayer, group: tuple[str, ...], x: torch.Tens
 
     def module() -> torch.Tensor:
         if group == QKV:
-            return layer.attn(x, *forward.rope_and_mask)[0]
+            return layer.attn(x, *forward.rope_and_mask(layer))[0]
         if group == GATE_UP:
             return layer.mlp(x)
         return linears[0](x)

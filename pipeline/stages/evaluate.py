@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -255,6 +255,8 @@ def _perplexity(
         float_heads = None  # the IR with a float embedding and lm_head: what they cost
         if heads:
             float_heads = perplexity(with_float_heads(model, source_path), windows)
+        # The engine's mask applies the model's window, as the IR's does.
+        engine = replace(engine, sliding_window=model.cfg.sliding_window)
         del model
         gc.collect()
         engine_kl = KLMeter(reference)

@@ -159,6 +159,28 @@ def test_write_refuses_graph_that_disagrees_with_model(root: Path) -> None:
         write_manifest(root, bad)
 
 
+def test_layer_windows_of_a_mixed_model(root: Path) -> None:
+    """Absent: sliding_window on every layer (old manifests load); present: one entry per
+    layer, each null or sliding_window, and the graph reading the local layers' inputs."""
+    mixed = fields()
+    mixed["model"].update(num_layers=2, sliding_window=8, layer_windows=[None, 8])
+    mixed["graph"]["num_layers"] = 2
+    with pytest.raises(ArtifactError, match="no block_tables_local"):
+        write_manifest(root, mixed)
+    for name in ("block_tables_local", "kv_slots_local", "attention_mask_local"):
+        mixed["graph"]["inputs"].append({"name": name, "dtype": "int64", "shape": ["S"]})
+    model = write_manifest(root, mixed)[0].model
+    assert [model.window_of(i) for i in range(2)] == [None, 8]
+    for wrong in ([None], [None, 4]):
+        mixed["model"]["layer_windows"] = wrong
+        with pytest.raises(ArtifactError, match="model.layer_windows"):
+            write_manifest(root, mixed)
+    plain = fields()
+    plain["model"]["sliding_window"] = 8
+    write_manifest(root, plain)
+    assert read_manifest(root).model.window_of(0) == 8  # old manifests: no layer_windows
+
+
 def test_write_refuses_duplicate_engine_names(root: Path) -> None:
     bad = fields()
     bad["engines"] = bad["engines"] * 2

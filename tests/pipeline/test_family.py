@@ -3,6 +3,7 @@ ONNX decoder implement for the features a family names."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -85,11 +86,12 @@ def test_window_rules() -> None:
 @pytest.mark.parametrize(
     "hf", [{"max_window_layers": 1}, {"layer_types": ["full_attention", "sliding_attention"]}]
 )
-def test_mixed_local_and_global_layers_are_refused(hf) -> None:
-    with pytest.raises(
-        ConfigError, match=r"layers \[1\] of 2 slide \(window 16\) .* not supported"
-    ):
-        _cfg("qwen2", sliding_window=16, use_sliding_window=True, **hf)
+def test_mixed_local_and_global_layers_get_a_window_each(hf) -> None:
+    cfg = _cfg("qwen2", sliding_window=16, use_sliding_window=True, **hf)
+    assert cfg.sliding_window == 16 and cfg.layer_windows == (None, 16)
+    assert cfg.windows == (None, 16) and cfg.window_of(0) is None
+    # The per-layer windows survive the IR checkpoint's config round trip.
+    assert type(cfg).from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
 def test_activation_and_rope_are_checked_against_the_family() -> None:

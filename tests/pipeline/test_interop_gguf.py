@@ -357,6 +357,12 @@ def test_recipe_checks_name_what_llama_cpp_cannot_run(tmp_path):
     assert window.startswith("interop.1: gguf") and "sliding_window = 24" in window
     [rope] = problems(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     assert rope.startswith("interop.1: gguf") and "rope_type 'dynamic'" in rope
+    # A mix of local and global layers: one line naming the fields, not the window's line.
+    [mixed] = problems(
+        model_type="qwen2", use_sliding_window=True, sliding_window=24, max_window_layers=1
+    )
+    assert mixed.startswith("interop.1: gguf") and "layer_types / max_window_layers" in mixed
+    assert "layers [1] of 2 slide by 24" in mixed
 
 
 # -- llama.cpp ----------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The IR's logits match transformers' (fp32) for every supported architecture and RoPE variant."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -40,6 +42,21 @@ VARIANTS = {
         {"use_sliding_window": True, "sliding_window": 12, "max_window_layers": 0},
     ),
     "qwen2-window-on-no-layer": ("qwen2", {"use_sliding_window": True, "sliding_window": 12}),
+    # Local and global layers mixed: layer 0 global, layer 1 local (max_window_layers 1), and
+    # local / global / local named by layer_types; the prompts (48 tokens) pass the window.
+    "qwen2-mixed": (
+        "qwen2",
+        {"use_sliding_window": True, "sliding_window": 12, "max_window_layers": 1},
+    ),
+    "qwen2-mixed-layer-types": (
+        "qwen2",
+        {
+            "use_sliding_window": True,
+            "sliding_window": 12,
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        },
+    ),
 }
 
 
@@ -80,12 +97,21 @@ def test_pickle_weights_refused(tmp_path):
         load_model(ckpt)
 
 
-def test_mixed_local_and_global_layers_are_refused_not_run_wrong(tmp_path):
-    ckpt = make_checkpoint(
-        tmp_path, "qwen2", use_sliding_window=True, sliding_window=12, max_window_layers=1
-    )
-    with pytest.raises(ConfigError, match=r"layers \[1\] of 2 slide .* not supported yet"):
-        load_model(ckpt)
+def test_mixed_layers_each_keep_their_own_window(tmp_path):
+    """The mixed variant above is neither the window on every layer nor on none: both of
+    those give other logits (so the parity above checks the per-layer rule)."""
+    mixed = {"use_sliding_window": True, "sliding_window": 12}
+    ckpt = make_checkpoint(tmp_path, "qwen2", max_window_layers=1, **mixed)
+    ir = load_model(ckpt)
+    assert ir.cfg.layer_windows == (None, 12) and ir.cfg.sliding_window == 12
+    ids = torch.randint(0, ir.cfg.vocab_size, (1, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = ir(ids)[0]
+        for windows in ((12, 12), (None, None)):
+            ir.cfg = replace(ir.cfg, layer_windows=windows)
+            for i, layer in enumerate(ir.layers):
+                layer.window = windows[i]
+            assert (ir(ids)[0] - ours).abs().max() > 1e-3
 
 
 def test_unsupported_architecture_named():

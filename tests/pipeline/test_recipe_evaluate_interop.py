@@ -112,3 +112,16 @@ def test_gptq_needs_every_decoder_linear_quantized(tmp_path):
 def test_interop_needs_quantized_weights(tmp_path):
     problems = _problems(_load(tmp_path, "interop: [gptq]\n"))
     assert any(p.startswith("interop:") for p in problems), problems
+
+
+def test_a_model_mixing_local_and_global_layers_builds_but_not_with_fp8_kv(tmp_path):
+    """Its local layers read inputs of their own, which only a graph that writes its pool
+    has: fp8 KV (whose graph returns its K/V) is refused at once, naming the field."""
+    mixed = {**MODEL_CONFIG, "model_type": "qwen2", "use_sliding_window": True}
+    cfg = ModelConfig.from_hf({**mixed, "sliding_window": 64, "max_window_layers": 1})
+    check_recipe_against_model(_load(tmp_path, ""), cfg)
+    with pytest.raises(RecipeError) as err:
+        fp8 = "kv_cache: {dtype: fp8}\ncalibration: {dataset: c.txt, samples: 4, seq_len: 32}\n"
+        check_recipe_against_model(_load(tmp_path, fp8), cfg)
+    [problem] = err.value.problems
+    assert problem.startswith("kv_cache.dtype: fp8") and "layers [1] of 2 slide" in problem

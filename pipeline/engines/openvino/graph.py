@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from ingot.runtime.batch import Batch
 from ingot.runtime.engines import ENGINE_RUNTIMES
 from ingot.runtime.engines.base import EngineRunner, SessionSettings
 from ingot.runtime.kv_pool import KVLayout, KVPool
+from ingot.runtime.loader import local_layers
 
 from ..base import Accuracy
 
@@ -60,9 +62,10 @@ class OpenVinoGraph:
         self.options = record["session_options"]
         self.settings = SessionSettings(hidden=True, sliding_window=sliding_window)
         self.runtime = ENGINE_RUNTIMES.get("openvino")
-        self.layout = self.runtime.kv_layout(
-            _cache_interface(self.interface, self.options), self.engine
-        )
+        layout = self.runtime.kv_layout(_cache_interface(self.interface, self.options), self.engine)
+        # A model mixing local and global layers: its local layers' pool as the runtime has it
+        # (here as many blocks as the global one: the check feeds both the same tables).
+        self.layout = replace(layout, local_layers=local_layers(self.interface))
         self._pool: KVPool | None = None
         self._session: EngineRunner | None = None
 
@@ -139,6 +142,9 @@ def _batch(feed: Mapping[str, np.ndarray], block_size: int) -> Batch:
         slots=slots,
         real_rows=None if len(rows) == s * q else rows,
         kv_slots=feed["kv_slots"],
+        block_tables_local=feed.get("block_tables_local"),
+        kv_slots_local=feed.get("kv_slots_local"),
+        attention_mask_local=feed.get("attention_mask_local"),
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ingot.runtime.batch import STEP_INPUTS, Batch
+from ingot.runtime.batch import LOCAL_INPUTS, STEP_INPUTS, Batch
 from ingot.runtime.engines.base import SessionError
 from ingot.runtime.engines.onnxruntime.buffers import OutputBuffers
 from ingot.runtime.engines.onnxruntime.options import draft_session_options, engine_session_options
@@ -98,7 +98,11 @@ class _PagedSession:
             self._session,
             pool,
             what,
-            [*required_inputs, *(["kv_slots"] if self.writes_pool else [])],
+            [
+                *(n for n in required_inputs if n not in LOCAL_INPUTS),
+                *(["kv_slots"] if self.writes_pool else []),
+                *(LOCAL_INPUTS if pool.local_layers else ()),  # the pool's local layers read
+            ],
             [*outputs, *(pool_outputs if self.writes_pool else new_kv)],
         )
         # Engines exported before `logits_indices` existed return logits

@@ -14,6 +14,9 @@ sequence (T tokens):
 | block_indices_begins [S+1] | running sum of those lengths                                   |
 | max_context_len []         | max(context + new)                                             |
 
+A model mixing local and global layers adds block_indices_local and block_indices_begins_local:
+the same from `block_tables_local`, which its local layers read.
+
 The op writes each new token's K/V through the same table at the slot the Generator reserved
 (`kv_slots` is not read: no padded row reaches the op, so nothing goes to the scratch block).
 """
@@ -53,19 +56,25 @@ def paged_feed(batch: Batch, block_size: int) -> PackedCall:
         ids, positions, logits_rows = ids[rows], positions[rows], packed[logits_rows]
     ends = batch.context_lens + num_new  # [S] tokens in the cache after the call
     blocks = -(-ends // block_size)
-    tables = batch.block_tables
-    block_indices = np.concatenate([tables[i, : blocks[i]] for i in range(s)])
     feed = {
         "input_ids": ids,
         "positions": positions,
         "logits_indices": logits_rows,
         "past_lens": batch.context_lens.astype(np.int32),
         "subsequence_begins": _starts(num_new),
-        "block_indices": block_indices.astype(np.int32),
+        "block_indices": _joined(batch.block_tables, blocks),
         "block_indices_begins": _starts(blocks),
         "max_context_len": np.array(ends.max(), dtype=np.int32),
     }
+    if batch.block_tables_local is not None:  # a mixed model's local layers: their table
+        feed["block_indices_local"] = _joined(batch.block_tables_local, blocks)
+        feed["block_indices_begins_local"] = feed["block_indices_begins"]
     return PackedCall(feed, rows, s * q)
+
+
+def _joined(tables: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """[sum blocks] int32: each table row [S, MB] up to its sequence's `blocks`, joined."""
+    return np.concatenate([tables[i, : blocks[i]] for i in range(len(blocks))]).astype(np.int32)
 
 
 def _starts(counts: np.ndarray) -> np.ndarray:

@@ -49,11 +49,21 @@ class ModelShape:
     rms_eps: float
     windows: tuple[int, ...]  # per layer, 0: attends to the whole context
     aux_layers: tuple[int, ...] = ()  # layers whose entering streams aux_hidden joins
+    # A model mixing local and global layers: the local ones, which read blocks of their own
+    # pool through a table of their own (block_indices_local / block_indices_begins_local).
+    local_layers: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, w: GraphWeights, sliding_window: int | None, aux: bool) -> ModelShape:
+    def of(
+        cls,
+        w: GraphWeights,
+        sliding_window: int | None,
+        aux: bool,
+        local_layers: tuple[int, ...] = (),
+    ) -> ModelShape:
         """The shape of the graph `w` was read from; `sliding_window` the model's (every
-        layer's: ModelInfo has one); `aux` reads the layers its aux_hidden output joins."""
+        layer's, or with `local_layers` (the pool's) theirs only); `aux` reads the layers its
+        aux_hidden output joins."""
         num_layers = sum(name.endswith(".attn_norm.weight") for name in w.names("layers."))
         hkv, d = w.pool_heads()
         if _has_linear(w, "layers.0.attn.qkv_proj"):  # fused: (Hq + 2 Hkv) * D columns
@@ -66,8 +76,12 @@ class ModelShape:
             num_kv_heads=hkv,
             head_dim=d,
             rms_eps=w.norm_epsilon("layers.0.attn_norm"),
-            windows=(sliding_window or 0,) * num_layers,
+            windows=tuple(
+                (sliding_window or 0) if not local_layers or i in local_layers else 0
+                for i in range(num_layers)
+            ),
             aux_layers=tuple(w.entering_layers("aux_hidden")) if aux else (),
+            local_layers=local_layers,
         )
 
 
@@ -155,6 +169,8 @@ def build_model(w: GraphWeights, s: ModelShape, hidden: bool = False) -> ov.Mode
     positions = ops.parameter([-1], ov.Type.i64, name="positions")
     rows = ops.parameter([-1], ov.Type.i64, name="logits_indices")
     paged = paged_params()
+    # The local layers' own tables: the call's layout but their block indices.
+    local = paged_params(paged, "_local") if s.local_layers else paged
     caches = [
         tuple(
             ops.parameter(ov.PartialShape.dynamic(4), ov.Type.dynamic, name=f"{kind}_cache.{i}")
@@ -170,7 +186,8 @@ def build_model(w: GraphWeights, s: ModelShape, hidden: bool = False) -> ov.Mode
     entering = []
     for i in range(s.num_layers):
         entering.append(x)
-        x = _layer(w, s, i, x, (cos.output(0), sin.output(0)), caches[i], paged)
+        reads = local if i in s.local_layers else paged
+        x = _layer(w, s, i, x, (cos.output(0), sin.output(0)), caches[i], reads)
     picked = ops.gather(x, rows, axis0).output(0)  # [N, hidden]
     normed = _rms_norm(picked, w.constant("norm.weight"), s.rms_eps)  # [N, hidden]
     if _has_linear(w, "lm_head"):
@@ -185,5 +202,7 @@ def build_model(w: GraphWeights, s: ModelShape, hidden: bool = False) -> ov.Mode
     if s.aux_layers:
         aux = ops.concat([entering[i] for i in s.aux_layers], -1).output(0)  # [T, 3 hidden]
         results.append(_result(aux, "aux_hidden"))
-    parameters = [ids, positions, rows, *paged.parameters(), *(p for kv in caches for p in kv)]
+    own = [local.block_indices, local.block_indices_begins] if s.local_layers else []
+    parameters = [ids, positions, rows, *paged.parameters(), *own]
+    parameters += [p for kv in caches for p in kv]
     return ov.Model(results, parameters, "ingot_decoder_paged")

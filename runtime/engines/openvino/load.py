@@ -34,7 +34,7 @@ def open_session(
     `pool`, with the outputs `settings` ask for."""
     started = time.perf_counter()
     weights = GraphWeights(graph)
-    shape = ModelShape.of(weights, settings.sliding_window, settings.aux)
+    shape = ModelShape.of(weights, settings.sliding_window, settings.aux, pool.local_layers)
     model = build_model(weights, shape, hidden=settings.hidden)
     built = time.perf_counter()
     # A draft beside the target: one thread, so the two do not share the cores' threads.

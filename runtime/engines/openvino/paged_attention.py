@@ -59,12 +59,22 @@ class PagedParams:
         ]
 
 
-def paged_params() -> PagedParams:
-    """The parameters, named as feed.py's `paged_feed` keys."""
+def paged_params(shared: PagedParams | None = None, suffix: str = "") -> PagedParams:
+    """The parameters, named as feed.py's `paged_feed` keys; with `shared`, the block indices
+    of another table (their names + `suffix`: a mixed model's local layers') beside
+    `shared`'s layout of the call."""
 
     def vector(name: str) -> ov.Node:
         return ops.parameter([-1], ov.Type.i32, name=name)
 
+    if shared is not None:
+        return PagedParams(
+            shared.past_lens,
+            shared.subsequence_begins,
+            vector("block_indices" + suffix),
+            vector("block_indices_begins" + suffix),
+            shared.max_context_len,
+        )
     return PagedParams(
         vector("past_lens"),
         vector("subsequence_begins"),
