@@ -98,7 +98,11 @@ def test_optimized_engine_matches_the_graph(exported, tmp_path, level):
         "graph_optimization_level": "disable_all",
         "intra_op_num_threads": 0,
     }
-    assert record["build"] == {"optimization_level": level, "matmul_accuracy_level": 0}
+    assert record["build"] == {
+        "optimization_level": level,
+        "matmul_accuracy_level": 0,
+        "graph_initializers": True,
+    }
 
 
 def test_optimized_weights_are_external_and_relative(exported, tmp_path):
