@@ -202,19 +202,23 @@ def _write(model: onnx.ModelProto, model_file: Path) -> None:
         raise RuntimeError(f"{model_file}: expected one external data file, got {locations}")
     (location,) = locations
     old, new = model_dir / location, model_dir / f".{location}.shared"
-    with open(old, "rb") as src, open(new, "wb") as dst:
-        for tensor in sorted(external, key=lambda t: int(_field(t, "offset"))):
-            length = int(_field(tensor, "length"))
-            if length >= _ALIGN_FROM:
-                dst.write(b"\0" * (-dst.tell() % _ALIGN))
-            src.seek(int(_field(tensor, "offset")))
-            _set_field(tensor, "offset", str(dst.tell()))
-            for start in range(0, length, _CHUNK):
-                dst.write(src.read(min(_CHUNK, length - start)))
     proto = model_dir / f".{model_file.name}.shared"
-    proto.write_bytes(model.SerializeToString())
-    os.replace(new, old)
-    os.replace(proto, model_file)
+    try:
+        with open(old, "rb") as src, open(new, "wb") as dst:
+            for tensor in sorted(external, key=lambda t: int(_field(t, "offset"))):
+                length = int(_field(tensor, "length"))
+                if length >= _ALIGN_FROM:
+                    dst.write(b"\0" * (-dst.tell() % _ALIGN))
+                src.seek(int(_field(tensor, "offset")))
+                _set_field(tensor, "offset", str(dst.tell()))
+                for start in range(0, length, _CHUNK):
+                    dst.write(src.read(min(_CHUNK, length - start)))
+        proto.write_bytes(model.SerializeToString())
+        os.replace(new, old)
+        os.replace(proto, model_file)
+    finally:  # no temporary file left behind, whatever failed
+        new.unlink(missing_ok=True)
+        proto.unlink(missing_ok=True)
 
 
 def _field(tensor: onnx.TensorProto, key: str) -> str:
