@@ -100,6 +100,27 @@ def test_openvino_reads_the_onnxruntime_engines_copy(tiny):
     assert _greedy(artifact, "openvino-cpu") == _greedy(artifact, "onnxruntime-cpu")
 
 
+def test_openvino_reads_a_tied_int8_table_from_the_onnxruntime_engine(tmp_path):
+    # The engine's lookup reads lm_head's MatMulNBits weights (the table once:
+    # engines/onnxruntime/shared_embedding.py); OpenVINO builds both from those constants.
+    ckpt = make_checkpoint(tmp_path / "ckpt", "llama", tie_word_embeddings=True)
+    layers = {"method": "rtn", "bits": 4, "group_size": 32, "targets": ["re:layers\\..*"]}
+    heads = {"method": "rtn", "bits": 8, "group_size": -1, "ignore": []}
+    heads["targets"] = ["embed_tokens", "lm_head"]
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        ckpt,
+        quantize=[layers, heads],
+        kv_cache=KV32,
+        targets=[ORT_EXACT, OV_EXACT],
+    )
+    artifact = build(recipe, tmp_path / "out", cache=StageCache(tmp_path / "cache")).artifact
+    graph = onnx.load(str(artifact / ORT_FILE), load_external_data=False).graph
+    table = [t.name for t in graph.initializer if t.name.startswith("embed_tokens.codes")]
+    assert table == ["embed_tokens.codes_t_T"]
+    assert _greedy(artifact, "openvino-cpu") == _greedy(artifact, "onnxruntime-cpu")
+
+
 def test_openvino_alone_reads_the_portable_graph(tiny):
     artifact = tiny("ov", [OV_EXACT])
     manifest = verify_artifact(artifact)

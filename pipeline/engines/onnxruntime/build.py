@@ -109,6 +109,10 @@ def build_onnxruntime_engine(
         shutil.rmtree(folded_dir, ignore_errors=True)
     if not (out_dir / MODEL_FILE).is_file():
         raise RuntimeError(f"onnxruntime did not write the optimized model to {out_dir}")
+    # A tied int8 table: the lookup reads lm_head's MatMulNBits weights, the table once.
+    from .shared_embedding import share_tied_embedding  # onnx: build-only, as above
+
+    share_tied_embedding(out_dir / MODEL_FILE)
 
     return _record(optimization_level, intra_op_num_threads, matmul_accuracy_level, folded)
 

@@ -149,7 +149,8 @@ class GraphWeights:
 
     def embedding(self, ids: ov.Output) -> ov.Output:
         """The rows of `ids` [T] -> [T, hidden]: of the float table `embed_tokens.weight`, or
-        of the quantized one (`embed_tokens.codes_t` [hidden, V], as a linear's) through the
+        of the quantized one (`embed_tokens.codes_t` [hidden, V], as a linear's, or a tied
+        table's MatMulNBits form `embed_tokens.codes_t_T` [V, hidden/g, g]) through the
         same compressed-weight subgraph a tied lm_head reads, which the CPU plugin gathers
         from as codes (its GatherCompressed), never as a float table."""
         axis0 = ops.constant(np.int64(0))
@@ -174,8 +175,10 @@ class GraphWeights:
         return y
 
     def _compressed(self, name: str) -> ov.Output:
-        """The dequantized weight [N, K] of `name`'s codes, scales and zero points; built once
-        per name, so a tied model's lookup and lm_head read one constant."""
+        """The dequantized weight [N, K] of `name`'s codes, scales and zero points, in ORT's
+        MatMulNBits form where the graph has it (a tied table's lookup reads that form too:
+        pipeline/engines/onnxruntime/shared_embedding.py); built once per name, so a tied
+        model's lookup and lm_head read one constant."""
         if name not in self._built:
             fused = self.has(name + _FUSED)  # the onnxruntime engine's MatMulNBits form
             self._built[name] = self._fused(name) if fused else self._decompression(name)
