@@ -46,7 +46,7 @@ from benchmarks.harness.report import add_report_only, publish, rerender
 STEM = "auto_precision"
 # Grouped scales only: ORT's MatMulNBits re-blocks a per-channel linear's scales to blocks of
 # 32 in its engine copy, so per-channel codes cost g32's scales in the artifact's engine file
-# while the budget counts the portable graph's (docs/notes/autoprec.md).
+# while the budget counts the portable graph's (design.md section 8).
 CANDIDATES = {
     "W4 g64": {"method": "gptq", "bits": 4, "group_size": 64},
     "W4 g32": {"method": "gptq", "bits": 4, "group_size": 32},

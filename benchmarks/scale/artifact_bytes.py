@@ -24,6 +24,7 @@ from typing import Any
 from benchmarks.harness.machine import machine_info
 from benchmarks.harness.paths import RESULTS
 from benchmarks.harness.report import add_report_only, publish, rerender
+from ingot.artifacts import read_manifest
 
 STEM = "artifact_bytes"
 GIB = 2**30
@@ -74,28 +75,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def role_of(path: str) -> str:
-    """A file's role as the manifest's `files[].role` names it (helper store's rule, from the
-    path): engine:<name>, portable, eval, interop:<format>, draft, or common."""
-    parts = path.split("/")
-    if parts[0] == "engines":
-        return f"engine:{parts[1]}"
-    if parts[0] in ("eval", "draft"):
-        return parts[0]
-    if parts[0] == "interop":
-        return f"interop:{parts[1]}"
-    if path in ("model.onnx", "model.onnx.data"):
-        return "portable"
-    return "common"
-
-
 def role_bytes(artifact: Path) -> dict[str, int]:
-    """{role: bytes} of every file in the artifact directory (manifest.json: common)."""
+    """{role: bytes} of the artifact's files, by the roles its manifest gives them (manifest.json
+    and an unlisted model.sig count as common)."""
     sizes: dict[str, int] = {}
-    for f in sorted(artifact.rglob("*")):
-        if f.is_file():
-            role = role_of(f.relative_to(artifact).as_posix())
-            sizes[role] = sizes.get(role, 0) + f.stat().st_size
+    for entry in read_manifest(artifact).files:
+        sizes[entry.role] = sizes.get(entry.role, 0) + entry.size
+    unlisted = [artifact / "manifest.json", artifact / "model.sig"]
+    sizes["common"] = sizes.get("common", 0) + sum(f.stat().st_size for f in unlisted if f.exists())
     return sizes
 
 

@@ -168,7 +168,7 @@ def _markdown(r: dict[str, Any]) -> str:
         f"{r['threads']} threads. Cold: the page cache dropped before the process starts; "
         "warm: the run right after it. (b) load = the model opened (weights mapped or read, "
         "the session made), Python imports apart; (c) first token = the prompt's prefill and "
-        "the first token. (a) pull from a registry: helper store's benchmark.",
+        "the first token. (a) pull from a registry: benchmarks/results/pull.md.",
         "",
         "Weight files: "
         + ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in r["weights_bytes"].items()),

@@ -9,9 +9,8 @@ memory the process held: its peak resident set (VmHWM) and, at the end, its resi
 memory (heap: copies) and resident file pages (mapped weights, shared with the page cache).
 
 ingot: `LoadedModel.load` with the manifest read but not re-hashed (`verify: false`: what a
-load from the verified store does once helper store's verify-once lands; until then the
-benchmark skips the hash itself), the ONNX Runtime session options of `session_config` added
-to the engine's (`session.disable_prepacking` ...).
+load from the verified store does by its stat check), the ONNX Runtime session options of
+`session_config` added to the engine's (`session.disable_prepacking` ...).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ __all__ = ["DEFAULT_FROM_PARAMETERS", "default_entry", "embedding_problems"]
 DEFAULT_FROM_PARAMETERS = 1_000_000_000
 # int8 with one scale per row: the table's rows are gathered as 8-bit codes (4-bit cannot be,
 # in standard ONNX), and a tied lm_head reads the same tensor; int8 lm_heads cost about
-# nothing in perplexity (docs/notes/lean.md: pydoc-16m).
+# nothing in perplexity (benchmarks/results/embedding_heads.md).
 _DEFAULT = {
     "method": "rtn",
     "bits": 8,

@@ -1,5 +1,5 @@
 """deploy/Containerfile without a container builder (none works in this sandbox: no registry
-for the base image, and crun may not set rlimits; docs/notes/servplan.md): its RUN lines, as
+for the base image, and crun may not set rlimits; README, Deploy): its RUN lines, as
 written, in a fresh virtual environment standing for the image's Python, on a copy of the
 build context its .containerignore leaves. Then what the image runs: `ingot plan --serve` and
 `ingot serve` with the plan's options on the demo, /health, one completion and a drain on

@@ -193,7 +193,7 @@ def test_kv_per_sequence_at_8k_context_all_global_vs_hybrid(tokenizer, budget):
     all_global = _kv_bytes(34, whole)
     hybrid = _kv_bytes(5, peak[0]) + _kv_bytes(29, peak[1])
     decoding = _kv_bytes(5, decode[0]) + _kv_bytes(29, decode[1])
-    # The numbers docs/notes/hybrid.md reports.
+    # The numbers design.md quotes (section 6, KV pool).
     print(f"\nbudget {budget}: all-global {all_global >> 20} MiB; hybrid peak {hybrid >> 20} MiB "
           f"(local {peak[1]} blocks), decoding {decoding >> 20} MiB (local {decode[1]} blocks), "
           f"{decoding / all_global:.2f}x")  # fmt: skip

@@ -90,7 +90,7 @@ def test_kv_per_sequence_at_8k_context_is_bounded_by_the_window(tokenizer, windo
     else:
         assert decode_peak == WINDOW // BLOCK + 1
         assert peak <= WINDOW // BLOCK + budget // BLOCK + 1
-    # The numbers docs/notes/sched.md reports (Mistral-7B's shape, fp16).
+    # The numbers design.md quotes (section 6, sliding-window freeing; Mistral-7B's shape, fp16).
     print(f"window {window} budget {budget}: peak {peak} blocks = {_kv_bytes(peak) >> 20} MiB, "
           f"decoding {decode_peak} = {_kv_bytes(decode_peak) >> 20} MiB")  # fmt: skip
 
