@@ -63,50 +63,57 @@ def register(main: click.Group) -> None:
             return
         if serve["serve"]:
             raise click.UsageError("--serve plans an artifact: ingot plan ARTIFACT --serve ...")
-        # torch (the plan's model sizes) loads when the command runs, not for `ingot --help`
-        from ingot.pipeline.cache import StageCache
-        from ingot.pipeline.plan import format_bytes, format_seconds, plan_build, read_hf_config
-        from ingot.pipeline.recipe import load_recipe
-        from ingot.pipeline.resources import calibration_device, check_resources
+        _plan_build(recipe_path, config_path, out, cache_dir, as_json)
 
-        # RecipeError, ConfigError, SourceError, OSError: user errors, reported by the group
-        recipe = load_recipe(recipe_path)
-        config, local = read_hf_config(
-            recipe.stage_slice("source")["source"], Path(config_path) if config_path else None
-        )
-        estimate = plan_build(recipe, Path(recipe_path), config, local)
-        calibrated = any(s.stage == "calibrate" for s in estimate.stages)
-        resources = check_resources(
-            estimate,
-            cache_dir=StageCache(Path(cache_dir) if cache_dir else None).root,
-            out_dir=Path(out) if out else Path("out") / recipe.artifact.name,
-            device=calibration_device(recipe) if calibrated else None,
-        )
-        if as_json:
-            report = {**estimate.to_json(), "resources": resources.to_json()}
-            click.echo(json.dumps(report, indent=2))
-            return
-        m = estimate.model
-        click.echo(f"plan  {recipe_path}: {_model_line(m)}")
-        if "draft" in m:
-            click.echo(f"  draft model: {_model_line(m['draft'])}")
-        width = max(24, *(len(s.stage) for s in estimate.stages))  # draft-engine:... is long
-        click.echo(f"  {'stage':<{width}} {'peak memory':>12} {'time':>10}  notes")
-        for s in estimate.stages:
-            click.echo(
-                f"  {s.stage:<{width}} {format_bytes(s.peak_bytes):>12} "
-                f"{format_seconds(s.seconds):>10}  {s.notes}"
-            )
-        peak = estimate.peak
-        total = sum(s.seconds for s in estimate.stages)
+
+def _plan_build(
+    recipe_path: str, config_path: str | None, out: str | None, cache_dir: str | None, as_json: bool
+) -> None:
+    """`ingot plan --recipe`: the build's estimate per stage and this machine's resources."""
+    # torch (the plan's model sizes) loads when the command runs, not for `ingot --help`
+    from ingot.pipeline.cache import StageCache
+    from ingot.pipeline.plan import format_bytes, format_seconds, plan_build, read_hf_config
+    from ingot.pipeline.recipe import load_recipe
+    from ingot.pipeline.resources import calibration_device, check_resources
+
+    # RecipeError, ConfigError, SourceError, OSError: user errors, reported by the group
+    recipe = load_recipe(recipe_path)
+    config, local = read_hf_config(
+        recipe.stage_slice("source")["source"], Path(config_path) if config_path else None
+    )
+    estimate = plan_build(recipe, Path(recipe_path), config, local)
+    calibrated = any(s.stage == "calibrate" for s in estimate.stages)
+    resources = check_resources(
+        estimate,
+        cache_dir=StageCache(Path(cache_dir) if cache_dir else None).root,
+        out_dir=Path(out) if out else Path("out") / recipe.artifact.name,
+        device=calibration_device(recipe) if calibrated else None,
+    )
+    if as_json:
+        report = {**estimate.to_json(), "resources": resources.to_json()}
+        click.echo(json.dumps(report, indent=2))
+        return
+    m = estimate.model
+    click.echo(f"plan  {recipe_path}: {_model_line(m)}")
+    if "draft" in m:
+        click.echo(f"  draft model: {_model_line(m['draft'])}")
+    width = max(24, *(len(s.stage) for s in estimate.stages))  # draft-engine:... is long
+    click.echo(f"  {'stage':<{width}} {'peak memory':>12} {'time':>10}  notes")
+    for s in estimate.stages:
         click.echo(
-            f"  peak {format_bytes(peak.peak_bytes)} ({peak.stage}), "
-            f"total ~{format_seconds(total)} (estimates; constants in ingot.pipeline.plan)"
+            f"  {s.stage:<{width}} {format_bytes(s.peak_bytes):>12} "
+            f"{format_seconds(s.seconds):>10}  {s.notes}"
         )
-        click.echo("resources on this machine:")
-        for line in resources.lines():
-            click.echo(f"  {line}")
-        click.echo(f"  {resources.verdict()}")
+    peak = estimate.peak
+    total = sum(s.seconds for s in estimate.stages)
+    click.echo(
+        f"  peak {format_bytes(peak.peak_bytes)} ({peak.stage}), "
+        f"total ~{format_seconds(total)} (estimates; constants in ingot.pipeline.plan)"
+    )
+    click.echo("resources on this machine:")
+    for line in resources.lines():
+        click.echo(f"  {line}")
+    click.echo(f"  {resources.verdict()}")
 
 
 def _with(options: tuple) -> Any:

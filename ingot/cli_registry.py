@@ -23,6 +23,12 @@ _INSECURE_HELP = (
 
 
 def register(main: click.Group) -> None:
+    _register_push(main)
+    _register_pull(main)
+    _register_sign(main)
+
+
+def _register_push(main: click.Group) -> None:
     @main.command()
     @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
     @click.argument("reference")
@@ -43,6 +49,8 @@ def register(main: click.Group) -> None:
         else:
             click.echo(result.digest)
 
+
+def _register_pull(main: click.Group) -> None:
     @main.command()
     @click.argument("reference")
     @click.option(
@@ -97,6 +105,8 @@ def register(main: click.Group) -> None:
             roles_pulled = ", ".join(sorted(result.partial.roles))
             click.echo(f"  pulled {roles_pulled}; {len(result.absent)} files absent")
 
+
+def _register_sign(main: click.Group) -> None:
     @main.command()
     @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
     @click.option(

@@ -20,7 +20,7 @@ from ingot.runtime.engine_select import pull_roles, select_engine
 from ingot.runtime.engines.base import EngineRunner
 from ingot.runtime.generate import DEFAULT_MAX_NUM_SEQS, Generator, GeneratorConfig
 from ingot.runtime.kv_pool import KVCacheTooSmall, KVPool
-from ingot.runtime.loader import DrafterFiles, EngineFiles, open_engine
+from ingot.runtime.loader import DrafterFiles, EngineFiles, OpenedEngine, open_engine
 from ingot.runtime.memory import available_memory, format_bytes
 from ingot.runtime.scheduler import SCHEDULING_POLICIES
 from ingot.runtime.serving_plan import engine_file_bytes
@@ -132,18 +132,11 @@ class LoadedModel:
             manifest.model.max_seq_len,
             _local_blocks_per_seq(manifest, target, drafter, max_num_batched_tokens),
         )
-        blocks, sized = _pool_blocks(
-            manifest, target, drafter, kv_cache_blocks, kv_cache_bytes, sizing
-        )
         tokenizer = TextTokenizer.from_artifact(root, manifest.tokenizer, chat_template)
-        opened = open_engine(
-            target,
-            blocks,
-            drafter,
-            num_local_blocks=local_pool_blocks(blocks, sizing),
-            spinning=spinning,
-            profile_file_prefix=profile_file_prefix,
-        )
+        opened, sized = _open_sized(
+            manifest, target, drafter, (kv_cache_blocks, kv_cache_bytes), sizing,
+            spinning=spinning, profile_file_prefix=profile_file_prefix,
+        )  # fmt: skip
         _log_loaded(opened.pool, manifest.graph.kv_dtype, sized, sizing, speculative)
         return cls(
             root,
@@ -243,6 +236,21 @@ def drafter_files(
     if method == "eagle":
         return DrafterFiles(eagle=(root, spec.eagle))
     return DrafterFiles()
+
+
+def _open_sized(
+    manifest: Manifest,
+    target: EngineFiles,
+    drafter: DrafterFiles | None,
+    budget: tuple[int | None, int | None],
+    sizing: _PoolSizing,
+    **session: Any,
+) -> tuple[OpenedEngine, str]:
+    """The engine opened on a pool of the blocks `budget` (kv_cache_blocks, kv_cache_bytes)
+    buys under `sizing`, and how that pool was sized (for the log)."""
+    blocks, sized = _pool_blocks(manifest, target, drafter, *budget, sizing)
+    local = local_pool_blocks(blocks, sizing)
+    return open_engine(target, blocks, drafter, num_local_blocks=local, **session), sized
 
 
 def _local_blocks_per_seq(
