@@ -96,7 +96,7 @@ import torch
 from ..engines.base import Accuracy, GraphRunner
 from ..model.kv_rounding import KVQuant, dequantize_kv, quantize_kv
 from ..model.layer_source import LayerSource
-from ..model.llama import causal_mask
+from ..model.llama import causal_mask, embedding_rows
 from ..model.qlinear import dequantized
 from ..model.rope import cos_sin
 from .errors import ExportError
@@ -281,7 +281,10 @@ def _reference(
     inputs to. Layer-major: holds one decoder layer at a time."""
     cfg = source.cfg
     table = source.embedding()
-    xs = [table[torch.from_numpy(np.asarray(p, dtype=np.int64))][None] for p in prompts]
+    xs = [
+        embedding_rows(cfg, table, torch.from_numpy(np.asarray(p, dtype=np.int64)))[None]
+        for p in prompts
+    ]
     del table
     kv_name = _KV_NAMES[np.dtype(kv_dtype)]
     fp16 = kv_name == "fp16"
@@ -346,7 +349,7 @@ def _layer_chunks(
     for start, end in ((0, split), (split, x.shape[1])):
         chunk = x[:, start:end]
         positions = torch.arange(start, end)[None]  # [1, T]
-        cos, sin = cos_sin(cfg, positions, seq_len=end)
+        cos, sin = cos_sin(cfg, positions, seq_len=end, rope=layer.rope)
         k, v = layer.stored_kv(chunk, cos, sin)
         new = (k, v)
         if fp16:

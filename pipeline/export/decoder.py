@@ -50,7 +50,6 @@ own; the norm and the MLP's activation are the model family's, emitted from `NOR
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -61,7 +60,7 @@ import numpy as np
 import torch
 from onnx import TensorProto, helper
 
-from ..model.config import ModelConfig
+from ..model.config import ModelConfig, RopeConfig
 from ..model.kv_quant import KVQuantLayers, KVScales
 from ..model.kv_rounding import KVQuant
 from ..model.layer_source import LayerSource, ModelLayers
@@ -244,17 +243,22 @@ def _build(
     # The local layers of a model mixing local and global layers read their own pool blocks:
     # a table, slots and a mask of their own (`_local_inputs`).
     local = _local_inputs(g, consts) if cfg.layer_windows is not None else None
+    local_rope = _rope_cache(g, cfg, cfg.rope_local, max_seq_len, "rope.local")
 
     # One part of the model alive at a time: each is written, then let go (`del`) before the
     # next is read, so a disk source never holds two.
     embedding = emit_embedding(g, src, ids, h)
-    x = embedding.rows  # [S, Q, hidden]
+    x = _scaled_rows(g, cfg, embedding.rows)  # [S, Q, hidden]
     entering = {}  # layer index -> the residual stream entering it (EAGLE-3's aux states)
     for i in range(cfg.num_layers):
         entering[i] = x
         layer = src.layer(i)
-        reads = (tables, mask, consts) if local is None or blocks[i] == "NB" else local
-        x = _layer(g, cfg, layer, i, x, positions, pools[i], *reads, kv_type)
+        tables_i, mask_i, consts_i = (
+            (tables, mask, consts) if local is None or blocks[i] == "NB" else local
+        )
+        if layer.rope != cfg.rope:  # the sliding layers' own RoPE (Gemma 3)
+            consts_i = replace(consts_i, cos=local_rope[0], sin=local_rope[1])
+        x = _layer(g, cfg, layer, i, x, positions, pools[i], tables_i, mask_i, consts_i, kv_type)
         del layer
 
     # Only the rows the runtime samples from go through the final norm and lm_head.
@@ -302,16 +306,39 @@ def shared_tensors(
     """The RoPE tables (computed exactly as the IR computes cos / sin) and the constants every
     layer's attention reads; with `kv_slots` (an input) the layers write their K/V into the
     pool there, else they return them."""
-    angles = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_frequencies(cfg)
     rows = [0, 0, cfg.num_kv_heads, cfg.head_dim]
+    cos, sin = _rope_cache(g, cfg, cfg.rope, max_seq_len, "rope")
     return SharedTensors(
-        cos=g.array("rope.cos_cache", angles.cos().numpy()),  # [max_seq_len, D/2]
-        sin=g.array("rope.sin_cache", angles.sin().numpy()),
+        cos=cos,  # [max_seq_len, D/2]
+        sin=sin,
         past=g.ints("shape.past", [0, -1, cfg.num_kv_heads * cfg.head_dim]),
         fp8_values=_fp8_values(g) if kv_dtype == "fp8" else None,
         kv_slots=kv_slots,
         kv_rows=g.ints("shape.kv_rows", rows) if kv_slots is not None else None,
     )
+
+
+def _rope_cache(
+    g: GraphBuilder, cfg: ModelConfig, rope: RopeConfig | None, max_seq_len: int, name: str
+) -> tuple[str, str]:
+    """`name`.cos_cache, `name`.sin_cache [max_seq_len, D/2] of `rope` (None: none, ("", ""))."""
+    if rope is None:
+        return "", ""
+    angles = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_frequencies(
+        cfg, rope=rope
+    )
+    return (
+        g.array(f"{name}.cos_cache", angles.cos().numpy()),
+        g.array(f"{name}.sin_cache", angles.sin().numpy()),
+    )
+
+
+def _scaled_rows(g: GraphBuilder, cfg: ModelConfig, rows: str) -> str:
+    """The embedded rows [S, Q, hidden] times the family's scale (`llama.scale_embedding`)."""
+    if cfg.embedding_scale is None:
+        return rows
+    scale = g.array("embed_tokens.scale", np.array(cfg.embedding_scale, np.float32))
+    return g.op("Mul", [rows, scale], "embed_tokens/scale")
 
 
 def _local_inputs(g: GraphBuilder, consts: SharedTensors) -> tuple[str, str, SharedTensors]:
@@ -343,9 +370,14 @@ def _layer(g, cfg, layer, i, x, positions, pool, tables, mask, c: SharedTensors,
     name = f"layers.{i}"
     h = norm(g, cfg, x, layer.attn_norm, f"{name}.attn_norm")  # [S, Q, hidden]
     attn = attention(g, layer.attn, i, h, positions, pool, tables, mask, c, kv_type)
+    if layer.attn_post_norm is not None:
+        attn = norm(g, cfg, attn, layer.attn_post_norm, f"{name}.attn_post_norm")
     x = g.op("Add", [x, attn], f"{name}/attn_residual")
     h = norm(g, cfg, x, layer.mlp_norm, f"{name}.mlp_norm")
-    return g.op("Add", [x, mlp(g, layer.mlp, f"{name}.mlp", h)], f"{name}/mlp_residual")
+    h = mlp(g, layer.mlp, f"{name}.mlp", h)
+    if layer.mlp_post_norm is not None:
+        h = norm(g, cfg, h, layer.mlp_post_norm, f"{name}.mlp_post_norm")
+    return g.op("Add", [x, h], f"{name}/mlp_residual")
 
 
 def attention(g, attn, i, h, positions, pool, tables, mask, c: SharedTensors, kv_type) -> str:
@@ -390,7 +422,7 @@ def attention(g, attn, i, h, positions, pool, tables, mask, c: SharedTensors, kv
         f"{a}/Attention",
         q_num_heads=hq,
         kv_num_heads=hkv,
-        scale=1.0 / math.sqrt(d),
+        scale=attn.scale,
     )  # [S, Q, Hq*D]
     return emit_linear(g, ctx, attn.o_proj, f"{a}.o_proj")  # [S, Q, hidden]
 
@@ -431,6 +463,11 @@ def mlp(g: GraphBuilder, module: torch.nn.Module, m: str, h: str) -> str:
 def _silu(g: GraphBuilder, x: str, m: str) -> str:
     """x * sigmoid(x), elementwise."""
     return g.op("Mul", [x, g.op("Sigmoid", [x], f"{m}/Sigmoid")], f"{m}/silu")
+
+
+def _gelu_tanh(g: GraphBuilder, x: str, m: str) -> str:
+    """GELU's tanh approximation, elementwise (opset 20's Gelu)."""
+    return g.op("Gelu", [x], f"{m}/gelu", approximate="tanh")
 
 
 def _quantized_kv(
@@ -481,8 +518,9 @@ def _quantized_kv(
 
 
 def rms_norm(g: GraphBuilder, x: str, module: torch.nn.Module, name: str, out: str | None = None):
-    """`layers.RMSNorm` over the last axis of x."""
-    scale = g.array(f"{name}.weight", module.weight.detach().float().numpy())
+    """`layers.RMSNorm` over the last axis of x; `layers.OffsetRMSNorm` too, whose scale
+    (1 + weight) is its multiplier (`RMSNorm.multiplier`), computed here in float32."""
+    scale = g.array(f"{name}.weight", module.multiplier.detach().float().numpy())
     return g.op(
         "RMSNormalization", [x, scale], f"{name}/RMSNorm", out=out, axis=-1, epsilon=module.eps
     )
@@ -490,8 +528,11 @@ def rms_norm(g: GraphBuilder, x: str, module: torch.nn.Module, name: str, out: s
 
 # The blocks a family names (`ModelFamily.norm`, `.activation`), as ONNX nodes: the IR's
 # `layers.NORMS` and `layers.ACTIVATIONS`, emitted.
-NORMS: dict[str, Callable[..., str]] = {"rms": rms_norm}
-ACTIVATIONS: dict[str, Callable[[GraphBuilder, str, str], str]] = {"silu": _silu}
+NORMS: dict[str, Callable[..., str]] = {"rms": rms_norm, "gemma_rms": rms_norm}
+ACTIVATIONS: dict[str, Callable[[GraphBuilder, str, str], str]] = {
+    "silu": _silu,
+    "gelu_pytorch_tanh": _gelu_tanh,
+}
 
 
 def norm(

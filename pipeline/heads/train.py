@@ -26,10 +26,9 @@ import torch
 from torch import nn
 
 from ..model.layer_source import LayerSource
-from ..model.llama import window_masks
+from ..model.llama import embedding_rows, rope_tables, window_masks
 from ..model.medusa import MedusaConfig, MedusaHeadsModel
 from ..model.qlinear import QuantizedLinear, dequantized
-from ..model.rope import cos_sin
 from ..recipe.speculative import MedusaTrain
 
 __all__ = [
@@ -58,11 +57,11 @@ def final_hidden(
     overwritten once the layer has run: copy what is kept) before each layer runs."""
     cfg = source.cfg
     table = source.embedding()
-    x = table[windows]  # [N, T, H]
+    x = embedding_rows(cfg, table, windows)  # [N, T, H]
     del table
     t = windows.shape[1]
     positions = torch.arange(t)[None]  # [1, T]
-    cos, sin = cos_sin(cfg, positions, seq_len=t)
+    ropes = rope_tables(cfg, positions, seq_len=t)  # a layer's cos, sin [1, T, D/2]
     masks = window_masks(positions, positions, cfg)  # [1, 1, T, T] per layer window
     for i in range(cfg.num_layers):
         if layer_input is not None:
@@ -71,7 +70,7 @@ def final_hidden(
         with dequantized(layer):  # once per layer, not per batch
             for b in range(0, len(x), _FORWARD_BATCH):
                 x[b : b + _FORWARD_BATCH] = layer(
-                    x[b : b + _FORWARD_BATCH], cos, sin, masks[layer.window]
+                    x[b : b + _FORWARD_BATCH], *ropes[layer.rope], masks[layer.window]
                 )[0]
         del layer
     return source.final_norm()(x)

@@ -72,7 +72,10 @@ def gguf_model_problems(cfg: ModelConfig) -> list[str]:
             f"gguf: llama.cpp has no {cfg.rope.type!r} RoPE scaling (config.json rope_type "
             f"{cfg.rope.type!r}; llama.cpp runs default, linear and llama3)"
         )
+    problems += _attention_scale(cfg)
     window = cfg.sliding_window
+    if cfg.family.gguf is not None and cfg.family.gguf.windows:
+        return problems  # llama.cpp runs the windows as the model does (gguf.py writes them)
     if cfg.layer_windows is not None:
         # llama.cpp's qwen2 reads no window at all (its hparams load has no sliding-window
         # key), let alone one per layer.
@@ -89,6 +92,26 @@ def gguf_model_problems(cfg: ModelConfig) -> list[str]:
             f"{cfg.max_position_embeddings})"
         )
     return problems
+
+
+def _attention_scale(cfg: ModelConfig) -> list[str]:
+    """llama.cpp's attention scale is its own rule (`Gguf.wide_scale_layers`), not the file's."""
+    gguf = cfg.family.gguf
+    if cfg.attention_scalar is None or gguf is None:
+        return []
+    wide = gguf.wide_scale_layers == cfg.num_layers
+    scalar, rule = (
+        (cfg.hidden_size / cfg.num_heads, "hidden_size / num_attention_heads")
+        if wide
+        else (cfg.head_dim, "head_dim")
+    )
+    if abs(cfg.attention_scalar - scalar) < 1e-6:
+        return []
+    key = cfg.family.attention_scalar_key
+    return [
+        f"gguf: llama.cpp scales {gguf.arch} attention by ({rule}) ** -0.5 = {scalar:g} ** -0.5, "
+        f"not config.json {key} {cfg.attention_scalar:g} ** -0.5"
+    ]
 
 
 def _schemes(j: int, fmt: str, recipe: Recipe) -> list[str]:

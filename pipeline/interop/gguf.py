@@ -132,13 +132,19 @@ def _tensors(model: LlamaModel, permute: bool):
             yield from _linear(name, model.get_submodule(name), heads, cfg)
         for norm in layer.norms[1:]:
             yield _norm(model, f"layers.{i}.{norm}")
+        attn = model.layers[i].attn
+        for norm in ("q_norm", "k_norm"):  # per head, before RoPE: HF's order, never permuted
+            if getattr(attn, norm, None) is not None:
+                yield _norm(model, f"layers.{i}.attn.{norm}")
     yield _norm(model, "norm")
     if not model.lm_head_tied:  # tied: llama.cpp computes the logits with token_embd
         yield from _linear("lm_head", model.lm_head, None, cfg)
 
 
 def _norm(model: LlamaModel, name: str) -> tuple[str, np.ndarray, str]:
-    return f"{name}.weight", _f32(model.get_submodule(name).weight), "F32"
+    """A norm's per-channel multiplier: llama.cpp's RMSNorm multiplies by the tensor as
+    stored, so a Gemma norm's (1 + w) is written, as convert_hf_to_gguf does."""
+    return f"{name}.weight", _f32(model.get_submodule(name).multiplier), "F32"
 
 
 def _linear(name: str, module: torch.nn.Module, heads: int | None, cfg: ModelConfig):
@@ -250,6 +256,13 @@ def _hyperparameters(writer, cfg: ModelConfig) -> None:
     if cfg.rope.type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope.factor)
+    if cfg.attention_scalar is not None:
+        writer.add_attention_scale(cfg.attention_scale)
+    if cfg.family.gguf.windows and cfg.sliding_window is not None:
+        # Per layer, true = sliding (llama.cpp's is_swa); the sliding layers' own RoPE base.
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_sliding_window_pattern([w is not None for w in cfg.windows])
+        writer.add_rope_freq_base_swa(cfg.rope_of(cfg.windows.index(cfg.sliding_window)).theta)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,9 +4,12 @@ rules of its model family (`family.py`, found by config.json's ``model_type``)."
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ingot.common.errors import IngotError
 
@@ -62,6 +65,10 @@ class ModelConfig:
     layer_windows: tuple[int | None, ...] | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # The sliding layers' own RoPE (Gemma 3's local base); None: every layer rotates by `rope`.
+    rope_local: RopeConfig | None = None
+    # s making the attention scale s ** -0.5 (Gemma's query_pre_attn_scalar); None: head_dim.
+    attention_scalar: float | None = None
 
     @property
     def family(self) -> ModelFamily:
@@ -79,6 +86,26 @@ class ModelConfig:
         """Every layer's window, in layer order."""
         return tuple(self.window_of(i) for i in range(self.num_layers))
 
+    def rope_of(self, layer: int) -> RopeConfig:
+        """The RoPE decoder layer `layer` rotates by: `rope_local` on a sliding layer."""
+        if self.rope_local is not None and self.window_of(layer) is not None:
+            return self.rope_local
+        return self.rope
+
+    @property
+    def attention_scale(self) -> float:
+        """What q . k is multiplied by before the softmax: 1 / sqrt(head_dim), as SDPA's
+        default, unless the family's scalar says otherwise."""
+        return 1.0 / math.sqrt(self.attention_scalar or self.head_dim)
+
+    @property
+    def embedding_scale(self) -> float | None:
+        """What the embedding's rows are multiplied by (None: nothing), as transformers does:
+        sqrt(hidden_size) rounded to float32 for a family that scales them."""
+        if not self.family.scale_embedding:
+            return None
+        return float(np.float32(self.hidden_size**0.5))
+
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
         arch = hf.get("model_type")
@@ -91,6 +118,7 @@ class ModelConfig:
         missing = [k for k in _REQUIRED_SIZES if not isinstance(hf.get(k), int)]
         if missing:
             raise ConfigError(f"config.json lacks integer {', '.join(missing)}")
+        _refuse_unsupported(family, hf)
         activation = hf.get(family.activation_key, family.activation)
         if activation != family.activation:
             raise ConfigError(
@@ -114,6 +142,7 @@ class ModelConfig:
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope=_rope_from_hf(hf, family.rope_scalings),
+            rope_local=_local_rope(family, hf),
             qkv_bias=_switch(family.biases.qkv, hf),
             o_bias=_switch(family.biases.o, hf),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", family.tie_default)),
@@ -121,6 +150,7 @@ class ModelConfig:
             layer_windows=layer_windows,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            attention_scalar=_attention_scalar(family, hf),
         )
 
     @classmethod
@@ -139,6 +169,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         d = dict(d, rope=RopeConfig(**d["rope"]), eos_token_ids=tuple(d["eos_token_ids"]))
+        if d.get("rope_local") is not None:
+            d["rope_local"] = RopeConfig(**d["rope_local"])
         if d.get("layer_windows") is not None:
             d["layer_windows"] = tuple(d["layer_windows"])
         return cls(**d)
@@ -179,15 +211,51 @@ def _sliding_layers(rule: WindowRule, hf: dict[str, Any]) -> list[bool]:
                 f"config.json: {rule.layer_types} has {len(types)} entries for {num_layers} layers"
             )
         return [t == "sliding_attention" for t in types]
+    period = hf.get(rule.period, rule.period_default) if rule.period else None
+    if period:
+        return [(i + 1) % period != 0 for i in range(num_layers)]
     if rule.first_sliding is not None:
         first = hf.get(rule.first_sliding, rule.first_sliding_default)
         return [i >= first for i in range(num_layers)]
     return [True] * num_layers
 
 
+def _refuse_unsupported(family: ModelFamily, hf: dict[str, Any]) -> None:
+    for key in family.unsupported_keys:
+        if hf.get(key) not in (None, False):
+            raise ConfigError(
+                f"config.json: {key} {hf[key]!r} is not supported (ingot takes "
+                f"{family.name} checkpoints with {key} null)"
+            )
+
+
+def _attention_scalar(family: ModelFamily, hf: dict[str, Any]) -> float | None:
+    key = family.attention_scalar_key
+    return None if key is None or hf.get(key) is None else float(hf[key])
+
+
+# transformers 5 writes the RoPE of models whose layer types rotate differently (Gemma 3) as
+# rope_parameters {layer type: parameters}.
+_GLOBAL, _LOCAL = "full_attention", "sliding_attention"
+
+
+def _local_rope(family: ModelFamily, hf: dict[str, Any]) -> RopeConfig | None:
+    """The sliding layers' RoPE of a family that gives them their own (default scaling; the
+    base from rope_parameters' sliding_attention, else the family's config.json key)."""
+    if family.local_rope_theta_key is None:
+        return None
+    nested = (hf.get("rope_parameters") or {}).get(_LOCAL)
+    if nested is not None:
+        return _rope_from_hf({"rope_parameters": nested}, ("default",))
+    theta = hf.get(family.local_rope_theta_key, family.local_rope_theta_default)
+    return RopeConfig(theta=float(theta))
+
+
 def _rope_from_hf(hf: dict[str, Any], supported: tuple[str, ...]) -> RopeConfig:
     # transformers >= 5 writes rope_parameters; older configs split rope_theta / rope_scaling.
     params = dict(hf.get("rope_parameters") or {})
+    if _GLOBAL in params:  # per layer type: the global layers' (the local ones: _local_rope)
+        params = dict(params[_GLOBAL] or {})
     scaling = hf.get("rope_scaling") or {}
     params = {**scaling, **params}
     kind = params.get("rope_type") or params.get("type") or "default"

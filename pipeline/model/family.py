@@ -84,6 +84,10 @@ class LayerSpec:
     norms: tuple[str, ...]  # the layer's norms (IR names inside the layer), in model order
     folds: tuple[ScaleFold, ...]  # in compute order
     rotated: tuple[str, ...]  # the linears whose outputs RoPE rotates, per head
+    # The norms of a sublayer's output before its residual add (Gemma's post-attention and
+    # post-feed-forward norms), in `norms` too: (after attention, after the MLP), or () for
+    # none. Never a fold source: their outputs feed no linear, only the residual stream.
+    post_norms: tuple[str, ...] = ()
 
     @property
     def norm_groups(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -157,6 +161,11 @@ class WindowRule:
     layer_types: str | None = None
     first_sliding: str | None = None
     first_sliding_default: int = 0
+    # Without `layer_types`: the config.json key of a period p, every p-th layer global, the
+    # others sliding (Gemma 3's sliding_window_pattern; `period_default` when absent). None:
+    # `first_sliding` decides.
+    period: str | None = None
+    period_default: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +176,14 @@ class Gguf:
 
     arch: str  # general.architecture: "llama", "qwen2"
     permute_rotated: bool
+    # llama.cpp runs this architecture's sliding-window layers, mixed with global ones as
+    # attention.sliding_window_pattern says, rotating by rope.freq_base_swa (Gemma 3); False:
+    # it runs no window (a binding one is refused).
+    windows: bool = False
+    # llama.cpp ignores a GGUF's attention scale for some architectures and computes its own:
+    # head_dim ** -0.5, or (hidden / heads) ** -0.5 in a model of this many layers (Gemma 3
+    # 27B: 62). None: it takes head_dim ** -0.5 always.
+    wide_scale_layers: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +203,20 @@ class ModelFamily:
     rope_scalings: tuple[str, ...] = ("default", "linear", "dynamic", "llama3")
     tie_default: bool = False  # tie_word_embeddings when config.json does not say
     gguf: Gguf | None = None  # None: llama.cpp has no architecture for it
+    # The embedding's rows are multiplied by sqrt(hidden_size) (Gemma), before the first layer
+    # only: a tied lm_head computes with the table as stored.
+    scale_embedding: bool = False
+    # The config.json key of a scalar s making the attention scale s ** -0.5 (Gemma's
+    # query_pre_attn_scalar); None, or the key absent: head_dim ** -0.5.
+    attention_scalar_key: str | None = None
+    # The config.json key of the sliding layers' own RoPE base (Gemma 3's rope_local_base_freq)
+    # when rope_parameters does not give them one (transformers 5 writes
+    # {"full_attention": {...}, "sliding_attention": {...}}); None: every layer shares one.
+    local_rope_theta_key: str | None = None
+    local_rope_theta_default: float = 10000.0
+    # config.json keys the IR does not implement: a checkpoint setting any (not null / false)
+    # is refused when its config is read (Gemma's logit soft-capping).
+    unsupported_keys: tuple[str, ...] = ()
 
 
 MODEL_FAMILIES: Registry[ModelFamily] = Registry(
@@ -194,6 +225,7 @@ MODEL_FAMILIES: Registry[ModelFamily] = Registry(
         "llama": "ingot.pipeline.model.families.llama",
         "mistral": "ingot.pipeline.model.families.mistral",
         "qwen2": "ingot.pipeline.model.families.qwen2",
+        "gemma3_text": "ingot.pipeline.model.families.gemma3",
     },
     group="ingot.model_families",
 )

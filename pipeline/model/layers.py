@@ -20,7 +20,16 @@ from .config import ModelConfig
 from .kv_rounding import KVQuant
 from .rope import apply_rotary
 
-__all__ = ["ACTIVATIONS", "NORMS", "RMSNorm", "Attention", "MLP", "DecoderLayer", "make_norm"]
+__all__ = [
+    "ACTIVATIONS",
+    "NORMS",
+    "RMSNorm",
+    "OffsetRMSNorm",
+    "Attention",
+    "MLP",
+    "DecoderLayer",
+    "make_norm",
+]
 
 
 class RMSNorm(nn.Module):
@@ -34,15 +43,48 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
+    def divide_(self, s: torch.Tensor) -> None:
+        """Divide the output channels by s [dim] in place (a scale folded into what follows)."""
+        self.weight.div_(s)
+
+    @property
+    def multiplier(self) -> torch.Tensor:
+        """What the normalized x is multiplied by, per channel [dim]."""
+        return self.weight
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: x / rms(x) * (1 + weight), in float32; the checkpoint stores weight
+    (zeros at initialization)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+    def divide_(self, s: torch.Tensor) -> None:
+        self.weight.add_(1.0).div_(s).sub_(1.0)
+
+    @property
+    def multiplier(self) -> torch.Tensor:
+        return 1.0 + self.weight
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return nn.functional.gelu(x, approximate="tanh")
+
 
 # The blocks a family names (`ModelFamily.norm`, `.activation`): name -> what computes it.
-NORMS: dict[str, Callable[[int, float], nn.Module]] = {"rms": RMSNorm}
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": nn.functional.silu}
+NORMS: dict[str, Callable[[int, float], nn.Module]] = {"rms": RMSNorm, "gemma_rms": OffsetRMSNorm}
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": nn.functional.silu,
+    "gelu_pytorch_tanh": _gelu_tanh,  # GeGLU (Gemma): GELU's tanh approximation
+}
 
 
-def make_norm(cfg: ModelConfig) -> nn.Module:
-    """The family's norm over the hidden size (a layer's norms and the final one)."""
-    return NORMS[cfg.family.norm](cfg.hidden_size, cfg.rms_norm_eps)
+def make_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
+    """The family's norm over `dim` (the hidden size: a layer's norms and the final one)."""
+    return NORMS[cfg.family.norm](dim or cfg.hidden_size, cfg.rms_norm_eps)
 
 
 def _linear(cfg: ModelConfig, name: str) -> nn.Linear:
@@ -58,6 +100,7 @@ class Attention(nn.Module):
             cfg.num_kv_heads,
             cfg.head_dim,
         )
+        self.scale = cfg.attention_scale
         self.q_proj = _linear(cfg, "attn.q_proj")
         self.k_proj = _linear(cfg, "attn.k_proj")
         self.v_proj = _linear(cfg, "attn.v_proj")
@@ -108,6 +151,7 @@ class Attention(nn.Module):
             k.repeat_interleave(groups, dim=1),
             v.repeat_interleave(groups, dim=1),
             attn_mask=mask,
+            scale=self.scale,
         )  # [B, H, T, D]
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         return self.o_proj(out), (k, v)
@@ -131,13 +175,20 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
-        # The attention window of this layer (None: the whole context); the caller hands
-        # `forward` the mask of this window (`llama.window_masks`).
+        # The attention window of this layer (None: the whole context) and the RoPE it rotates
+        # by; the caller hands `forward` that window's mask (`llama.window_masks`) and that
+        # RoPE's cos / sin (`llama.rope_tables`).
         self.window = cfg.window_of(index)
+        self.rope = cfg.rope_of(index)
         self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg)
         self.mlp_norm = make_norm(cfg)
         self.mlp = MLP(cfg)
+        # A sandwich layer's norms of the sublayers' outputs (`LayerSpec.post_norms`), else
+        # None: the outputs join the residual stream as they are.
+        post = cfg.family.layer.post_norms
+        self.attn_post_norm = make_norm(cfg) if post else None
+        self.mlp_post_norm = make_norm(cfg) if post else None
 
     def stored_kv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -146,7 +197,16 @@ class DecoderLayer(nn.Module):
         computing the rest of the layer (attention, o_proj, MLP)."""
         return self.attn.stored_kv(self.attn_norm(x), cos, sin)
 
+    def attn_residual(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The residual stream after attention: x plus the attention's output (after
+        o_proj), [B, T, hidden] each."""
+        return x + (attn if self.attn_post_norm is None else self.attn_post_norm(attn))
+
+    def mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP sublayer and its residual add on x [B, T, hidden]: the layer's output."""
+        h = self.mlp(self.mlp_norm(x))
+        return x + (h if self.mlp_post_norm is None else self.mlp_post_norm(h))
+
     def forward(self, x, cos, sin, mask, past=None):
         h, kv = self.attn(self.attn_norm(x), cos, sin, mask, past)
-        x = x + h
-        return x + self.mlp(self.mlp_norm(x)), kv
+        return self.mlp_residual(self.attn_residual(x, h)), kv

@@ -9,12 +9,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import ModelConfig
+from .config import ModelConfig, RopeConfig
 from .layers import DecoderLayer, make_norm
 from .qembedding import QuantizedEmbedding
 from .rope import cos_sin
 
-__all__ = ["LlamaModel", "KVCache", "causal_mask", "window_masks"]
+__all__ = [
+    "LlamaModel",
+    "KVCache",
+    "causal_mask",
+    "embedding_rows",
+    "rope_tables",
+    "scale_embedding",
+    "window_masks",
+]
 
 # Per layer (k, v): [B, Hkv, P, D] each, P = tokens seen so far.
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
@@ -38,6 +46,26 @@ def window_masks(
     ``masks[layer.window]``): one mask for a model whose layers share a window, two for one
     mixing local and global layers."""
     return {w: causal_mask(q_positions, k_positions, w) for w in set(cfg.windows)}
+
+
+def rope_tables(
+    cfg: ModelConfig, positions: torch.Tensor, seq_len: int | None = None
+) -> dict[RopeConfig, tuple[torch.Tensor, torch.Tensor]]:
+    """`cos_sin` once per distinct RoPE of `cfg`'s layers (a layer reads
+    ``tables[layer.rope]``): one pair unless the sliding layers rotate by their own base."""
+    ropes = {cfg.rope_of(i) for i in range(cfg.num_layers)}
+    return {rope: cos_sin(cfg, positions, seq_len, rope) for rope in ropes}
+
+
+def scale_embedding(cfg: ModelConfig, rows: torch.Tensor) -> torch.Tensor:
+    """The embedding's rows [..., hidden] as the first layer reads them: times the family's
+    scale (Gemma: sqrt(hidden_size)), else as they are."""
+    return rows if cfg.embedding_scale is None else rows * cfg.embedding_scale
+
+
+def embedding_rows(cfg: ModelConfig, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """ids [...] -> the first layer's input [..., hidden] from the float table [V, hidden]."""
+    return scale_embedding(cfg, nn.functional.embedding(ids, table))
 
 
 class LlamaModel(nn.Module):
@@ -84,16 +112,17 @@ class LlamaModel(nn.Module):
         if positions is None:
             positions = torch.arange(past_len, past_len + t, device=input_ids.device).expand(b, t)
         # Dynamic NTK scaling depends on the longest position of this call, as in transformers.
-        cos, sin = cos_sin(self.cfg, positions, seq_len=int(positions.max()) + 1)  # [B, T, D/2]
+        ropes = rope_tables(self.cfg, positions, seq_len=int(positions.max()) + 1)  # [B, T, D/2]
         # Keys: the cached tokens sat at positions 0..past_len-1, the new ones at `positions`.
         past = torch.arange(past_len, device=positions.device).expand(b, past_len)
         k_positions = torch.cat((past, positions), dim=1)
         masks = window_masks(positions, k_positions, self.cfg)  # [B, 1, T, past + T] each
 
-        x = self.embed_tokens(input_ids)  # [B, T, hidden]
+        x = scale_embedding(self.cfg, self.embed_tokens(input_ids))  # [B, T, hidden]
         new_cache: KVCache = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, cos, sin, masks[layer.window], None if not cache else cache[i])
+            past_i = None if not cache else cache[i]
+            x, kv = layer(x, *ropes[layer.rope], masks[layer.window], past_i)
             new_cache.append(kv)
         hidden = self.norm(x)
         return self.lm_head(hidden), hidden, new_cache

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .config import ModelConfig
+from .config import ModelConfig, RopeConfig
 
 __all__ = ["SCALINGS", "inv_frequencies", "cos_sin", "apply_rotary"]
 
@@ -15,13 +15,17 @@ __all__ = ["SCALINGS", "inv_frequencies", "cos_sin", "apply_rotary"]
 SCALINGS = ("default", "linear", "dynamic", "llama3")
 
 
-def inv_frequencies(cfg: ModelConfig, seq_len: int | None = None) -> torch.Tensor:
-    """Inverse frequencies [D/2] in float32 (float64 math, as transformers does it).
+def inv_frequencies(
+    cfg: ModelConfig, seq_len: int | None = None, rope: RopeConfig | None = None
+) -> torch.Tensor:
+    """Inverse frequencies [D/2] in float32 (float64 math, as transformers does it) of `rope`
+    (None: the model's, ``cfg.rope``; a layer's: ``cfg.rope_of(i)``).
 
     ``seq_len`` matters only for dynamic NTK scaling, whose base grows with the
     longest position seen in the current call.
     """
-    rope, dim = cfg.rope, cfg.head_dim
+    rope = rope or cfg.rope
+    dim = cfg.head_dim
     base = rope.theta
     if rope.type == "dynamic" and seq_len is not None:
         original = rope.original_max_position_embeddings or cfg.max_position_embeddings
@@ -33,13 +37,12 @@ def inv_frequencies(cfg: ModelConfig, seq_len: int | None = None) -> torch.Tenso
     if rope.type == "linear":
         inv = inv / rope.factor
     elif rope.type == "llama3":
-        inv = _llama3_scale(inv, cfg)
+        inv = _llama3_scale(inv, rope)
     return inv
 
 
-def _llama3_scale(inv: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+def _llama3_scale(inv: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, a smooth ramp between.
-    rope = cfg.rope
     original = rope.original_max_position_embeddings or 8192
     low_wavelen = original / rope.low_freq_factor
     high_wavelen = original / rope.high_freq_factor
@@ -54,10 +57,13 @@ def _llama3_scale(inv: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
 
 
 def cos_sin(
-    cfg: ModelConfig, positions: torch.Tensor, seq_len: int | None = None
+    cfg: ModelConfig,
+    positions: torch.Tensor,
+    seq_len: int | None = None,
+    rope: RopeConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: [..., D/2] for integer ``positions`` [...]."""
-    inv = inv_frequencies(cfg, seq_len).to(positions.device)
+    """cos, sin: [..., D/2] for integer ``positions`` [...], of `rope` (None: ``cfg.rope``)."""
+    inv = inv_frequencies(cfg, seq_len, rope).to(positions.device)
     freqs = positions.to(torch.float32)[..., None] * inv
     return freqs.cos(), freqs.sin()
 

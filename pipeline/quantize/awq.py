@@ -108,11 +108,12 @@ def search_scales(
 def apply_scales(prev: nn.Module, linears: list[nn.Module], s: torch.Tensor) -> None:
     """Fold s in: ``prev``'s output channels / s, the ``linears``' input channels * s.
 
-    ``prev`` is an RMSNorm, a float nn.Linear or a QuantizedLinear (whose rows' scales are
-    divided: (codes - z) * scale / s), so the float function is unchanged.
+    ``prev`` is a norm of `layers.NORMS` (its multiplier divided: `RMSNorm.divide_`), a float
+    nn.Linear or a QuantizedLinear (whose rows' scales are divided: (codes - z) * scale / s),
+    so the float function is unchanged.
     """
     if isinstance(prev, RMSNorm):
-        prev.weight.div_(s)
+        prev.divide_(s)
     elif isinstance(prev, QuantizedLinear):
         prev.scales.div_(s[:, None])
     elif isinstance(prev, nn.Linear):

@@ -59,7 +59,7 @@ from ..model.architecture import LM_HEAD, linear_names
 from ..model.config import ModelConfig
 from ..model.layer_source import LayerSource, ModelLayers
 from ..model.layers import DecoderLayer
-from ..model.llama import LlamaModel
+from ..model.llama import LlamaModel, embedding_rows
 from ..model.qembedding import QuantizedEmbedding
 from ..model.selection import EMBEDDING, embedding_entry, entry_for
 from .checkpoint import (
@@ -395,7 +395,7 @@ class _Activations:
         x = space.store("embed", (n, t, cfg.hidden_size))
         table = source.embedding()
         for start in range(0, n, forward.batch):
-            x.write(start, nn.functional.embedding(tokens[start : start + forward.batch], table))
+            x.write(start, embedding_rows(cfg, table, tokens[start : start + forward.batch]))
         return cls(space, forward, cfg, x)
 
     def _stores(self, i: int) -> Callable[[str, tuple[int, ...]], ActivationStore]:

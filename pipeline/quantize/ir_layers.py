@@ -23,7 +23,7 @@ from safetensors import safe_open
 from torch import nn
 
 from ..model.config import ModelConfig
-from ..model.layers import DecoderLayer, RMSNorm
+from ..model.layers import DecoderLayer, RMSNorm, make_norm
 from ..model.qembedding import EMBEDDING, QuantizedEmbedding
 from .checkpoint import fill_module
 
@@ -82,7 +82,7 @@ class IRLayers:
 
     def final_norm(self) -> RMSNorm:
         with torch.device("meta"):
-            norm = RMSNorm(self._cfg.hidden_size, self._cfg.rms_norm_eps)
+            norm = make_norm(self._cfg)
         return self._module(norm, "norm.")
 
     def lm_head(self) -> nn.Module:

@@ -29,6 +29,7 @@ from ingot.calibration.dataset import CalibrationSet
 from ..model.kv_quant import KVScales
 from ..model.kv_rounding import KV_QMAX, KVDtype, KVQuant
 from ..model.layer_source import LayerSource
+from ..model.llama import embedding_rows
 from ..model.qlinear import dequantized
 from .layerwise import LayerForward
 
@@ -63,7 +64,7 @@ def calibrate_kv_scales(
     x = space.store("kv-0", (n, t, cfg.hidden_size))
     table = source.embedding()
     for a in range(0, n, forward.batch):
-        x.write(a, nn.functional.embedding(tokens[a : a + forward.batch], table))
+        x.write(a, embedding_rows(cfg, table, tokens[a : a + forward.batch]))
     del table
     k_scales, v_scales = [], []
     try:
@@ -100,7 +101,8 @@ def head_amax(
     amax_v = torch.zeros(attn.num_kv_heads, device=forward.device)
     for a in range(0, len(x), forward.batch):
         normed = layer.attn_norm(x.read(a, min(a + forward.batch, len(x))))
-        k, v = attn.project_kv(normed, forward.cos, forward.sin)  # [b, Hkv, T, D]
+        cos, sin, _ = forward.rope_and_mask(layer)
+        k, v = attn.project_kv(normed, cos, sin)  # [b, Hkv, T, D]
         amax_k = torch.maximum(amax_k, k.abs().amax(dim=(0, 2, 3)))
         amax_v = torch.maximum(amax_v, v.abs().amax(dim=(0, 2, 3)))
     return amax_k.cpu(), amax_v.cpu()

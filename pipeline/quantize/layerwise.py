@@ -36,11 +36,10 @@ from ingot.calibration.activations import ActivationStore
 from ingot.calibration.capture import AbsMaxObserver, ChannelObserver, HessianObserver, input_of
 
 from ..model.architecture import GATE_UP, LAYER_GROUPS, NORM_GROUPS, QKV, scaling_groups
-from ..model.config import ModelConfig
+from ..model.config import ModelConfig, RopeConfig
 from ..model.layers import DecoderLayer
-from ..model.llama import window_masks
+from ..model.llama import rope_tables, window_masks
 from ..model.qlinear import dequantize_in_place, dequantized, replace_module
-from ..model.rope import cos_sin
 from ..model.selection import entry_for
 from .method import CHANNEL_SAMPLE_TOKENS, Group, GroupInputs, Observation, QuantEntry, method_of
 from .threads import solver_threads
@@ -100,8 +99,7 @@ class LayerForward:
     """Runs a decoder layer on [B, T, hidden] calibration activations (positions 0..T-1), on
     ``device`` (where the layer and the activations it is given are)."""
 
-    cos: torch.Tensor
-    sin: torch.Tensor
+    ropes: dict[RopeConfig, tuple[torch.Tensor, torch.Tensor]]  # cos, sin [1, T, D/2] each
     masks: dict[int | None, torch.Tensor]  # [1, 1, T, T] per layer window
     batch: int  # samples per forward chunk
     device: torch.device
@@ -113,16 +111,18 @@ class LayerForward:
         device = torch.device(device)
         positions = torch.arange(seq_len)[None]  # [1, T]
         # Computed on the CPU on every device: the device then runs with the same tables.
-        cos, sin = cos_sin(cfg, positions, seq_len=seq_len)  # [1, T, D/2]
+        ropes = rope_tables(cfg, positions, seq_len=seq_len)  # [1, T, D/2] each per RoPE
         masks = window_masks(positions, positions, cfg)  # [1, 1, T, T] each
         widest = max(cfg.hidden_size * 4, cfg.intermediate_size * 3, cfg.num_heads * seq_len)
         batch = max(1, min(samples, _CHUNK_BYTES // (seq_len * widest * 4)))
         masks = {w: m.to(device) for w, m in masks.items()}
-        return cls(cos.to(device), sin.to(device), masks, batch, device)
+        ropes = {r: (cos.to(device), sin.to(device)) for r, (cos, sin) in ropes.items()}
+        return cls(ropes, masks, batch, device)
 
     def rope_and_mask(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """cos, sin and the mask of `layer`'s window: what its attention takes after x."""
-        return self.cos, self.sin, self.masks[layer.window]
+        """cos, sin of `layer`'s RoPE and the mask of its window: what its attention takes
+        after x."""
+        return *self.ropes[layer.rope], self.masks[layer.window]
 
     def __call__(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return layer(x, *self.rope_and_mask(layer))[0]
@@ -174,7 +174,7 @@ def _observe_once(step: _Steps, x: ActivationStore, new_store, outputs: bool):
             layer.attn.o_proj, lambda: layer.attn(normed, *forward.rope_and_mask(layer))
         )
         step.feed(o, attn)
-        h = layer.mlp_norm(xs + layer.attn.o_proj(attn))
+        h = layer.mlp_norm(layer.attn_residual(xs, layer.attn.o_proj(attn)))
         step.feed(gate_up, h)
         if down is not None:
             step.feed(down, input_of(layer.mlp.down_proj, lambda: layer.mlp(h)))
@@ -209,7 +209,11 @@ def _true_sequential(step: _Steps, x: ActivationStore, new_store, outputs: bool)
     if step.quantize(o, attn.read):  # a scale folded into v_proj (AWQ): the attention changed
         step.fill(attn, attention)
     resid = new_store("resid", (n, t, cfg.hidden_size))  # the residual stream after attention
-    step.fill(resid, lambda a, b: x.read(a, b) + layer.attn.o_proj(attn.read(a, b)))
+
+    def after_attention(a: int, b: int) -> torch.Tensor:
+        return layer.attn_residual(x.read(a, b), layer.attn.o_proj(attn.read(a, b)))
+
+    step.fill(resid, after_attention)
     attn.close()
 
     step.quantize(gate_up, lambda a, b: layer.mlp_norm(resid.read(a, b)))
@@ -226,8 +230,7 @@ def _true_sequential(step: _Steps, x: ActivationStore, new_store, outputs: bool)
 
     def output(a: int, b: int) -> torch.Tensor:
         # The same operations as DecoderLayer.forward, so a resumed run's replay matches.
-        h = resid.read(a, b)
-        return h + layer.mlp(layer.mlp_norm(h))
+        return layer.mlp_residual(resid.read(a, b))
 
     step.fill(out, output)
     resid.close()

@@ -36,6 +36,7 @@ from ingot.calibration.dataset import CalibrationSet
 from ..evaluate.kl import kl_sum
 from ..model.config import ModelConfig
 from ..model.layer_source import LayerSource
+from ..model.llama import embedding_rows
 from ..model.qlinear import dequantized
 from .driver import full_float32
 from .layerwise import LayerForward, quantize_layer, round_linears
@@ -109,7 +110,7 @@ class _FloatModel:
         x = space.store("embed", shape)
         table = source.embedding()
         for a, b in _chunks(len(tokens), forward.batch):
-            x.write(a, nn.functional.embedding(tokens[a:b], table))
+            x.write(a, embedding_rows(cfg, table, tokens[a:b]))
         inputs = {}
         for i, layer in enumerate(layers):
             out = space.store(f"in-{i + 1}", shape)

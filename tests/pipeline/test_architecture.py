@@ -30,6 +30,8 @@ VARIANTS = {
     "llama-tied": {"tie_word_embeddings": True},
     "qwen2": {"model_type": "qwen2"},
     "mistral": {"model_type": "mistral", "sliding_window": 16},
+    # four norms per layer, tied by default, local layers of their own RoPE
+    "gemma3": {"model_type": "gemma3_text", "sliding_window": 16, "head_dim": 24},
 }
 
 

@@ -101,13 +101,21 @@ def test_activation_and_rope_are_checked_against_the_family() -> None:
         _cfg("llama", rope_scaling={"rope_type": "yarn", "factor": 2.0})
 
 
+# HF's post_attention_layernorm is the MLP's pre-norm in Llama's layer, the attention's
+# post-norm in Gemma's sandwich layer (whose MLP pre-norm is pre_feedforward_layernorm).
+_AFTER_ATTENTION = {"gemma3_text": "layers.0.attn_post_norm.weight"}
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_tensor_names_round_trip(name: str) -> None:
     names = MODEL_FAMILIES.get(name).tensor_names
     for hf, ir in (
         ("model.layers.3.self_attn.q_proj.weight", "layers.3.attn.q_proj.weight"),
         ("model.layers.12.input_layernorm.weight", "layers.12.attn_norm.weight"),
-        ("model.layers.0.post_attention_layernorm.weight", "layers.0.mlp_norm.weight"),
+        (
+            "model.layers.0.post_attention_layernorm.weight",
+            _AFTER_ATTENTION.get(name, "layers.0.mlp_norm.weight"),
+        ),
         ("model.embed_tokens.weight", "embed_tokens.weight"),
         ("lm_head.weight", "lm_head.weight"),
     ):
@@ -117,10 +125,10 @@ def test_tensor_names_round_trip(name: str) -> None:
 def test_a_family_naming_a_block_ingot_lacks_fails_the_preflight() -> None:
     llama = MODEL_FAMILIES.get("llama")
     assert family_problems(llama, "source") == []
-    gemma_like = replace(llama, name="gemmaish", activation="gelu_pytorch_tanh", norm="rms1p")
+    gemma_like = replace(llama, name="gemmaish", activation="gelu_erf", norm="rms1p")
     assert family_problems(gemma_like, "source") == [
         "source: model family 'gemmaish' needs the norm 'rms1p', which ingot does not "
-        "implement (implemented: rms)",
-        "source: model family 'gemmaish' needs the activation 'gelu_pytorch_tanh', which ingot "
-        "does not implement (implemented: silu)",
+        "implement (implemented: gemma_rms, rms)",
+        "source: model family 'gemmaish' needs the activation 'gelu_erf', which ingot "
+        "does not implement (implemented: gelu_pytorch_tanh, silu)",
     ]
