@@ -31,6 +31,7 @@ from ..model.eagle3 import (
     load_eagle3,
     save_eagle3,
 )
+from ..model.llama import scale_embedding
 from ..quantize.ir_layers import IRLayers
 from ..recipe import EagleHeads, Recipe, RecipeError
 from .calibrate import Calibrated
@@ -157,6 +158,9 @@ def run_eagle(
     cfg = source.cfg
     training: dict[str, Any] | None = None
     aux_layers = eagle_aux_layers(spec, cfg.num_layers, attached)
+    # The draft reads the target's embedding as the target's first layer does: its rows times
+    # the family's scale (Gemma: sqrt(hidden)), here folded into the shared table.
+    embedding = scale_embedding(cfg, source.embedding())  # [V, H]
     if spec.train is not None:
         windows = torch.from_numpy(CalibrationSet.load(calibration_dir).tokens)  # [N, T]
         features, final = target_features(source, windows, aux_layers)  # [N, T, 3H], [N, T, H]
@@ -165,7 +169,7 @@ def run_eagle(
             final,
             windows,
             source.lm_head(),
-            source.embedding(),
+            embedding,
             cfg,
             aux_layers,
             spec.train,
@@ -176,7 +180,7 @@ def run_eagle(
         del features, final
     else:
         draft = load_eagle3(
-            attached.path, target_embedding=source.embedding(), target_num_layers=cfg.num_layers
+            attached.path, target_embedding=embedding, target_num_layers=cfg.num_layers
         )
         gen = torch.Generator().manual_seed(0)
         check_features = torch.randn(_CHECK_TOKENS, 3 * cfg.hidden_size, generator=gen)

@@ -1,0 +1,249 @@
+"""Gemma 3's text decoder (model_type gemma3_text) through the stages: config.json's rules
+(transformers 5's per-layer-type rope_parameters and the older rope_local_base_freq /
+sliding_window_pattern keys), the (1 + w) norm a scale folds into, the 262k vocabulary with
+its embedding and lm_head quantized, and llama.cpp's gemma3 GGUF.
+
+The checkpoint has every Gemma feature on and bites: random norm weights (transformers
+initializes them to zero, where (1 + w) = 1 would hide a missing offset), sliding layers
+interleaved with global ones at a window shorter than the prompts, a local RoPE base unlike
+the global one, query_pre_attn_scalar unlike head_dim.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ingot.pipeline.interop import interop_problems, write_interop
+from ingot.pipeline.interop.gguf import GGUF_FILE
+from ingot.pipeline.model.config import ConfigError, ModelConfig
+from ingot.pipeline.model.layers import OffsetRMSNorm
+from ingot.pipeline.model.load import load_model
+from ingot.pipeline.quantize.apply import quantize_model
+from ingot.pipeline.quantize.awq import apply_scales
+from ingot.pipeline.quantize.checkpoint import load_ir, save_ir
+from ingot.pipeline.recipe import load_recipe
+from ingot.pipeline.recipe.quantize import quantize_entry
+
+from fixtures import write_recipe, write_tokenizer
+
+WINDOW = 16
+# Small, every feature on: layers 0, 2 slide (sliding_window_pattern 2), 1, 3 are global.
+CONFIG = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    sliding_window=WINDOW,
+    sliding_window_pattern=2,
+    query_pre_attn_scalar=24,
+    rope_theta=40000.0,
+    rope_local_base_freq=10000.0,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=0,
+)
+
+
+def make_gemma3(path: Path, seed: int = 0, **overrides) -> Path:
+    """A random Gemma 3 checkpoint saved by transformers, its norm weights random too."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model("gemma3_text", **{**CONFIG, **overrides})
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.15 if p.dim() >= 2 else 0.3)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    write_tokenizer(path, config.vocab_size)
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return make_gemma3(tmp_path_factory.mktemp("gemma3") / "ckpt")
+
+
+# -- config.json --------------------------------------------------------------------------------
+
+
+def test_config_reads_the_layer_types_and_their_ropes_as_transformers_does():
+    from transformers import Gemma3TextConfig
+
+    # The older keys (rope_theta, rope_local_base_freq, rope_scaling, sliding_window_pattern)
+    # as a Hub config.json has them, and transformers 5's rewrite of the same config.
+    old = {
+        **CONFIG,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 7,
+        "sliding_window_pattern": 3,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    }
+    new = Gemma3TextConfig(**{k: v for k, v in old.items() if k != "model_type"}).to_dict()
+    for hf in (old, new):
+        cfg = ModelConfig.from_hf(hf)
+        slides = [t == "sliding_attention" for t in Gemma3TextConfig(**new).layer_types]
+        assert [w is not None for w in cfg.windows] == slides == [True, True, False] * 2 + [True]
+        assert (cfg.rope.theta, cfg.rope.type, cfg.rope.factor) == (40000.0, "linear", 8.0)
+        assert cfg.rope_local.theta == 10000.0 and cfg.rope_local.type == "default"
+        assert cfg.rope_of(0) == cfg.rope_local and cfg.rope_of(2) == cfg.rope
+        assert cfg.attention_scale == pytest.approx(24**-0.5)
+        assert cfg.embedding_scale == pytest.approx(8.0) and cfg.tie_word_embeddings
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg  # the artifact's copy
+
+
+def test_logit_softcapping_is_refused_naming_the_key():
+    hf = {**CONFIG, "model_type": "gemma3_text", "final_logit_softcapping": 30.0}
+    with pytest.raises(ConfigError) as err:
+        ModelConfig.from_hf(hf)
+    assert str(err.value) == (
+        "config.json: final_logit_softcapping 30.0 is not supported (ingot takes gemma3_text "
+        "checkpoints with final_logit_softcapping null)"
+    )
+
+
+# -- IR -----------------------------------------------------------------------------------------
+
+
+def test_ir_logits_and_greedy_equal_transformers(checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    ir = load_model(checkpoint)
+    ref = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    ids = torch.randint(2, 320, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = ref(ids).logits
+        torch.testing.assert_close(ir(ids)[0], want, atol=1e-4 * want.abs().max(), rtol=0)
+        # cached decoding past the window: each layer's K/V, window and RoPE kept apart
+        got = ir.generate_greedy(ids[0, :24].tolist(), 16, stop_at_eos=False)
+        out = ref.generate(ids[:1, :24], max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    assert got == out[0, 24:].tolist()
+
+
+def test_a_scale_folds_into_the_offset_norm():
+    """AWQ / SmoothQuant divide a norm's output channels by s: (1 + w) / s, not w / s."""
+    norm, linear = OffsetRMSNorm(8, 1e-6), torch.nn.Linear(8, 4, bias=False)
+    with torch.no_grad():
+        norm.weight.normal_(0, 0.5)
+    x, s = torch.randn(3, 8), torch.rand(8) + 0.5
+    with torch.no_grad():
+        want = linear(norm(x))
+        apply_scales(norm, [linear], s)
+        torch.testing.assert_close(linear(norm(x)), want)
+
+
+# -- 262k vocabulary ----------------------------------------------------------------------------
+
+
+def test_the_262k_vocabulary_builds_with_int8_embedding_and_lm_head(tmp_path):
+    """Gemma 3's vocabulary (262,144 rows, tied): both quantized int8 per row, the build's own
+    check of the graph and engine against the IR passing, greedy tokens as the IR's."""
+    from ingot.pipeline.build import build
+    from ingot.pipeline.cache import StageCache
+    from ingot.runtime import LoadedModel, SamplingParams
+
+    ckpt = make_gemma3(
+        tmp_path / "ckpt",
+        vocab_size=262_144,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+    )
+    layers = {"method": "rtn", "bits": 4, "group_size": 32, "targets": ["re:layers\\..*"]}
+    heads = {**layers, "bits": 8, "group_size": -1, "targets": ["embed_tokens", "lm_head"]}
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        ckpt,
+        quantize=[layers, {**heads, "ignore": []}],
+        export={"max_seq_len": 32},
+        targets=[{"engine": "onnxruntime", "matmul_accuracy_level": 0}],
+    )
+    built = build(recipe, tmp_path / "out", cache=StageCache(tmp_path / "cache"))
+    ir = load_ir(next(p.parent for p in (tmp_path / "cache").rglob("ir_config.json")))
+    prompt = [0, 17, 5, 200_000, 262_143]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    [completion] = LoadedModel.load(built.artifact).generator().generate([prompt], params)
+    with torch.inference_mode():
+        assert completion.token_ids == ir.generate_greedy(prompt, 8, stop_at_eos=False)
+
+
+# -- GGUF ---------------------------------------------------------------------------------------
+
+
+def _rtn_ir(tmp: Path, checkpoint: Path) -> Path:
+    model = load_model(checkpoint)
+    entry = {
+        "method": "rtn",
+        "bits": 4,
+        "group_size": 32,
+        "symmetric": True,
+        "targets": ["re:.*"],
+        "ignore": ["lm_head"],
+    }
+    quantize_model(model, [quantize_entry(entry)])
+    (tmp / "ir").mkdir()
+    save_ir(model, tmp / "ir")
+    return tmp / "ir"
+
+
+def test_llama_cpp_runs_the_gguf_as_the_ir(tmp_path):
+    """llama.cpp's gemma3 on the file computes the IR's logits over 48 tokens (three windows):
+    norms written as (1 + w), the sliding layers' pattern and RoPE base, q/k norms, the
+    embedding's scale (llama.cpp's own). llama.cpp takes its attention scale from head_dim
+    (the file's is ignored), so this checkpoint's query_pre_attn_scalar is head_dim; the
+    tolerance is test_interop_gguf's (its 8-bit activations)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    ckpt = make_gemma3(tmp_path / "ckpt", query_pre_attn_scalar=16)
+    ir = _rtn_ir(tmp_path, ckpt)
+    write_interop("gguf", ir, ckpt, tmp_path / "gguf")
+    model = load_ir(ir)
+    with torch.no_grad():  # what the file rounds: fp16 scales and float weights
+        for m in model.modules():
+            if hasattr(m, "scales"):
+                m.scales.copy_(m.scales.half().float())
+            elif isinstance(m, torch.nn.Linear | torch.nn.Embedding):
+                m.weight.copy_(m.weight.half().float())
+    ids = torch.randint(2, 320, (48,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.inference_mode():
+        want = model(torch.tensor([ids]))[0][0].numpy()
+    llm = llama_cpp.Llama(
+        model_path=str(tmp_path / "gguf" / GGUF_FILE),
+        n_ctx=256,
+        logits_all=True,
+        n_threads=1,
+        verbose=False,
+    )
+    llm.eval(ids)
+    got = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    err = float(np.abs(got - want).max() / want.std())
+    agree = float((got.argmax(-1) == want.argmax(-1)).mean())
+    assert err < 0.5 and agree >= 0.85, (err, agree)
+
+
+def test_gguf_refuses_an_attention_scale_llama_cpp_would_not_use(tmp_path, checkpoint):
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", checkpoint, interop=["gguf"]))
+    assert interop_problems(recipe, ModelConfig.from_dir(checkpoint)) == [
+        "interop.0: gguf: llama.cpp scales gemma3 attention by (head_dim) ** -0.5 = 16 ** -0.5, "
+        "not config.json query_pre_attn_scalar 24 ** -0.5"
+    ]
+    # Gemma 3 27B's rule: 62 layers scale by hidden_size / heads (5376 / 32 = 168).
+    big = {
+        **CONFIG,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 62,
+        "hidden_size": 5376,
+        "num_attention_heads": 32,
+        "head_dim": 128,
+        "query_pre_attn_scalar": 168,
+    }
+    assert interop_problems(recipe, ModelConfig.from_hf(big)) == []
