@@ -50,6 +50,7 @@ own; the norm and the MLP's activation are the model family's, emitted from `NOR
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -77,6 +78,7 @@ __all__ = [
     "ACTIVATIONS",
     "NORMS",
     "OPSET",
+    "QUERY_SCALE",
     "SharedTensors",
     "attention",
     "export_onnx",
@@ -87,6 +89,8 @@ __all__ = [
 ]
 
 OPSET = 23
+# The initializer that scales q when the attention's scale is not 1 / sqrt(head_dim).
+QUERY_SCALE = "attn.query_scale"
 IR_VERSION = 11  # the IR version that introduced opset 23; ORT 1.23+ reads it
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 # kv_cache.dtype -> (element type of the pool inputs, of the new_k / new_v outputs)
@@ -400,6 +404,11 @@ def attention(g, attn, i, h, positions, pool, tables, mask, c: SharedTensors, kv
     k = g.op(
         "RotaryEmbedding", [k, c.cos, c.sin, positions], f"{a}/rope_k", out=k_out, num_heads=hkv
     )
+    if not math.isclose(attn.scale * math.sqrt(d), 1.0, rel_tol=1e-7):
+        # A scale other than 1 / sqrt(D) (Gemma's query_pre_attn_scalar) as a named factor on
+        # q, which an engine rebuilding the graph from its initializers reads (`QUERY_SCALE`).
+        factor = g.array(QUERY_SCALE, np.array(attn.scale * math.sqrt(d), np.float32))
+        q = g.op("Mul", [q, factor], f"{a}/query_scale")
 
     keys_values = []
     for kind, new, pool_in in (("k", k, pool[0]), ("v", v, pool[1])):
@@ -422,7 +431,7 @@ def attention(g, attn, i, h, positions, pool, tables, mask, c: SharedTensors, kv
         f"{a}/Attention",
         q_num_heads=hq,
         kv_num_heads=hkv,
-        scale=attn.scale,
+        scale=1.0 / math.sqrt(d),
     )  # [S, Q, Hq*D]
     return emit_linear(g, ctx, attn.o_proj, f"{a}.o_proj")  # [S, Q, hidden]
 

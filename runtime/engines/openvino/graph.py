@@ -52,6 +52,7 @@ class ModelShape:
     # A model mixing local and global layers: the local ones, which read blocks of their own
     # pool through a table of their own (block_indices_local / block_indices_begins_local).
     local_layers: tuple[int, ...] = ()
+    gelu: bool = False  # the MLP's activation is GELU (tanh), else SiLU
 
     @classmethod
     def of(
@@ -82,6 +83,7 @@ class ModelShape:
             ),
             aux_layers=tuple(w.entering_layers("aux_hidden")) if aux else (),
             local_layers=local_layers,
+            gelu=w.op_type("layers.0.mlp/gelu") == "Gelu",
         )
 
 
@@ -141,18 +143,57 @@ def _layer(
         q, k, v = ops.variadic_split(qkv, ops.constant(np.int64(-1)), widths).outputs()
     else:
         q, k, v = (w.linear(h, f"{attn}.{p}_proj") for p in "qkv")
+    if w.has(f"{attn}.q_norm.weight"):  # per head, before RoPE
+        q = _head_norm(q, hq, d, w.constant(f"{attn}.q_norm.weight"), s.rms_eps)
+        k = _head_norm(k, hkv, d, w.constant(f"{attn}.k_norm.weight"), s.rms_eps)
     q, k = _rope(q, hq, d, *rope), _rope(k, hkv, d, *rope)
+    query_scale = w.factor(f"{attn}/query_scale")
+    if query_scale is not None:
+        q = ops.multiply(q, query_scale).output(0)
     ctx = paged_attention((q, k, v), caches, paged, (hkv, d), s.windows[i])  # [T, Hq*D]
-    x = ops.add(x, w.linear(ctx, f"{attn}.o_proj")).output(0)
-    h = _rms_norm(x, w.constant(f"{name}.mlp_norm.weight"), s.rms_eps)
+    x = ops.add(x, _post_norm(w, f"{name}.attn_post_norm", w.linear(ctx, f"{attn}.o_proj"), s))
+    h = _rms_norm(x.output(0), w.constant(f"{name}.mlp_norm.weight"), s.rms_eps)
     mlp = f"{name}.mlp"
     if _has_linear(w, f"{mlp}.gate_up_proj"):
         gate_up = w.linear(h, f"{mlp}.gate_up_proj")  # [T, 2 * ffn]
         gate, up = ops.split(gate_up, ops.constant(np.int64(-1)), 2).outputs()
     else:
         gate, up = w.linear(h, f"{mlp}.gate_proj"), w.linear(h, f"{mlp}.up_proj")
-    act = ops.multiply(ops.swish(gate), up)  # SiLU(gate) * up
-    return ops.add(x, w.linear(act.output(0), f"{name}.mlp.down_proj")).output(0)
+    gated = ops.gelu(gate, "tanh") if s.gelu else ops.swish(gate)
+    act = ops.multiply(gated, up)  # SiLU(gate) * up, or GeGLU's GELU(gate) * up
+    down = w.linear(act.output(0), f"{name}.mlp.down_proj")
+    return ops.add(x, _post_norm(w, f"{name}.mlp_post_norm", down, s)).output(0)
+
+
+def _head_norm(x: ov.Output, heads: int, d: int, weight: ov.Node, eps: float) -> ov.Output:
+    """The norm of each head of x [T, H*D] over its D channels -> [T, H*D]."""
+    per_head = ops.reshape(x, _ints([0, heads, d]), True).output(0)  # [T, H, D]
+    normed = _rms_norm(per_head, weight, eps)
+    return ops.reshape(normed, _ints([0, heads * d]), True).output(0)
+
+
+def _post_norm(w: GraphWeights, name: str, x: ov.Output, s: ModelShape) -> ov.Output:
+    """A sublayer's output x [T, hidden] through its post-norm `name` where the graph has one
+    (Gemma's sandwich layer), else as it is."""
+    if not w.has(f"{name}.weight"):
+        return x
+    return _rms_norm(x, w.constant(f"{name}.weight"), s.rms_eps)
+
+
+def _rope_rows(
+    w: GraphWeights, name: str, positions: ov.Output, d: int
+) -> tuple[ov.Output, ov.Output] | None:
+    """cos, sin [T, 1, D/2] of the graph's RoPE table `name` at `positions`; None without it."""
+    if not w.has(f"{name}.cos_cache"):
+        return None
+    axis0 = ops.constant(np.int64(0))
+    half = _ints([0, 1, d // 2])  # 0 keeps T (special_zero)
+    return tuple(
+        ops.reshape(
+            ops.gather(w.constant(f"{name}.{f}_cache"), positions, axis0), half, True
+        ).output(0)
+        for f in ("cos", "sin")
+    )
 
 
 def _result(value: ov.Output, name: str) -> ov.Node:
@@ -180,14 +221,17 @@ def build_model(w: GraphWeights, s: ModelShape, hidden: bool = False) -> ov.Mode
     ]
     axis0 = ops.constant(np.int64(0))
     x = w.embedding(ids)  # [T, hidden]
-    half = _ints([0, 1, s.head_dim // 2])  # [T, 1, D/2]: 0 keeps T (special_zero)
-    cos = ops.reshape(ops.gather(w.constant("rope.cos_cache"), positions, axis0), half, True)
-    sin = ops.reshape(ops.gather(w.constant("rope.sin_cache"), positions, axis0), half, True)
+    embedding_scale = w.factor("embed_tokens/scale")
+    if embedding_scale is not None:  # the rows as the first layer reads them (Gemma: sqrt(H))
+        x = ops.multiply(x, embedding_scale).output(0)
+    ropes = {name: _rope_rows(w, name, positions, s.head_dim) for name in ("rope", "rope.local")}
     entering = []
     for i in range(s.num_layers):
         entering.append(x)
         reads = local if i in s.local_layers else paged
-        x = _layer(w, s, i, x, (cos.output(0), sin.output(0)), caches[i], reads)
+        # The sliding layers' own RoPE where the graph has one (Gemma 3's local base).
+        rope = ropes["rope.local"] if s.windows[i] and ropes["rope.local"] else ropes["rope"]
+        x = _layer(w, s, i, x, rope, caches[i], reads)
     picked = ops.gather(x, rows, axis0).output(0)  # [N, hidden]
     normed = _rms_norm(picked, w.constant("norm.weight"), s.rms_eps)  # [N, hidden]
     if _has_linear(w, "lm_head"):

@@ -87,6 +87,23 @@ class GraphWeights:
             raise SessionError(f"the graph has no initializer {name!r}")
         return self._constants[name]
 
+    def op_type(self, name: str) -> str | None:
+        """The type of the graph's op `name` (its ONNX node's name), None without one."""
+        op = self._ops.get(name)
+        return None if op is None else op.get_type_name()
+
+    def factor(self, name: str) -> ov.Output | None:
+        """The constant the graph's Mul `name` multiplies by (the frontend may rename the
+        initializer: an ONNX Runtime graph shares one under several names), None without
+        that Mul."""
+        op = self._ops.get(name)
+        if op is None or op.get_type_name() != "Multiply":
+            return None
+        for value in op.input_values():
+            if value.get_node().get_type_name() == "Constant":
+                return value
+        raise SessionError(f"the graph's {name} multiplies by no constant")
+
     def array(self, name: str) -> np.ndarray:
         return self.constant(name).data
 
