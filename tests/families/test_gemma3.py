@@ -176,6 +176,61 @@ def test_the_262k_vocabulary_builds_with_int8_embedding_and_lm_head(tmp_path):
         assert completion.token_ids == ir.generate_greedy(prompt, 8, stop_at_eos=False)
 
 
+# -- both engines -------------------------------------------------------------------------------
+
+
+def test_openvino_computes_onnxruntimes_logprobs(tmp_path, checkpoint):
+    """The OpenVINO rebuild of the layer (GELU, post-norms, q/k norms, the embedding's scale,
+    q's factor, the local RoPE table) against the ONNX Runtime engine on one artifact, both
+    exact: the sampled tokens' logprobs agree to float rounding past the window (a missing
+    piece moves them by 0.08 to 2)."""
+    pytest.importorskip("openvino")
+    from ingot.pipeline.build import build
+    from ingot.pipeline.cache import StageCache
+    from ingot.runtime import LoadedModel, SamplingParams
+
+    from fixtures import with_openvino
+
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        checkpoint,
+        kv_cache={"dtype": "fp32", "block_size": 32},
+        targets=[{"engine": "onnxruntime", "device": "cpu", "matmul_accuracy_level": 0}],
+    )
+    built = build(recipe, tmp_path / "art", cache=StageCache(tmp_path / "cache")).artifact
+    artifact = with_openvino(built, tmp_path / "both")
+    prompts = ["def add(a, b):", "The quick brown fox jumps over the lazy dog " * 3]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=1)
+
+    def run(engine: str) -> list:
+        return LoadedModel.load(artifact, engine=engine).generator().generate(prompts, params)
+
+    for ours, theirs in zip(run("openvino"), run("onnxruntime"), strict=True):
+        assert ours.token_ids == theirs.token_ids
+        np.testing.assert_allclose(ours.logprobs, theirs.logprobs, atol=1e-4)
+
+
+# -- interop ------------------------------------------------------------------------------------
+
+
+def test_transformers_loads_the_compressed_tensors_export(tmp_path, checkpoint):
+    """Gemma's names written back (post_attention_layernorm is the attention's post-norm, the
+    norms' w as stored): transformers computes the IR's logits on the file's weights."""
+    from transformers import AutoModelForCausalLM
+
+    ir = _rtn_ir(tmp_path, checkpoint)
+    write_interop("compressed-tensors", ir, checkpoint, tmp_path / "ct")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ct", dtype=torch.float32).eval()
+    model = load_ir(ir)
+    with torch.no_grad():  # the file's float tensors are fp16
+        for p in model.parameters():
+            p.copy_(p.half().float())
+    ids = torch.randint(2, 320, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids)[0]
+        torch.testing.assert_close(hf(ids).logits, want, atol=1e-4 * want.abs().max(), rtol=0)
+
+
 # -- GGUF ---------------------------------------------------------------------------------------
 
 
