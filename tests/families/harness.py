@@ -68,8 +68,13 @@ PROMPTS = [
     "Lists, tuples and dictionaries",
     "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",
 ]
-# fp32 activations: the engine computes the dequantized weights' numbers.
-EXACT = [{"engine": "onnxruntime", "matmul_accuracy_level": 0}]
+# Targets computing in fp32 (activations not quantized): each engine computes the dequantized
+# weights' numbers, so greedy tokens compare one for one.
+EXACT_TARGETS = {
+    "onnxruntime": {"engine": "onnxruntime", "matmul_accuracy_level": 0},
+    "openvino": {"engine": "openvino", "dynamic_quantization": False},
+}
+ENGINES = ("onnxruntime", "openvino")
 
 
 def tiny_checkpoint(path: Path, model_type: str, seed: int = 0, **config: Any) -> Path:
@@ -144,25 +149,42 @@ def assert_ir_matches_transformers(ckpt: Path, seq_len: int = 40) -> None:
 
 
 def engine_and_reference(
-    ckpt: Path, work: Path, recipe: dict[str, Any] | None = None, max_tokens: int = 32
-) -> list[tuple[list[int], list[int], list[int]]]:
-    """Build `ckpt` (write_recipe's RTN int4 g32 with `recipe` over it, an exact onnxruntime
-    target unless `recipe` names targets) and generate greedily from the artifact; the same
-    prompts through transformers on the quantized IR's dequantized weights.
-    Returns (prompt ids, the engine's tokens, transformers' tokens) per prompt of PROMPTS."""
-    fields = {"targets": EXACT, **(recipe or {})}
+    ckpt: Path,
+    work: Path,
+    recipe: dict[str, Any] | None = None,
+    engines: tuple[str, ...] = ENGINES,
+    max_tokens: int = 32,
+) -> list[tuple[list[int], dict[str, list[int]], list[int]]]:
+    """Build `ckpt` (write_recipe's RTN int4 g32 with `recipe` over it, an exact target for each
+    of `engines`, KV blocks of 32: OpenVINO's CPU plugin's) and generate greedily from the
+    artifact on each engine; the same prompts through transformers on the quantized IR's
+    dequantized weights. Returns (prompt ids, {engine: its tokens}, transformers' tokens) per
+    prompt of PROMPTS."""
+    fields = {
+        "targets": [EXACT_TARGETS[e] for e in engines],
+        "kv_cache": {"dtype": "fp32", "block_size": 32},
+        **(recipe or {}),
+    }
     work.mkdir(parents=True, exist_ok=True)
     path = write_recipe(work / "recipe.yaml", ckpt, **fields)
     artifact = build(path, work / "artifact", cache=StageCache(work / "cache")).artifact
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    completions = LoadedModel.load(artifact).generator().generate(PROMPTS, greedy)
+    runs = {
+        e: LoadedModel.load(artifact, engine=e).generator().generate(PROMPTS, greedy)
+        for e in engines
+    }
 
     model = load_model(ckpt)
     quantize_model(model, load_recipe(path).quantize)
     ref = dequantized_transformers(model, ckpt, work / "dequantized")
+    prompts = [c.prompt_token_ids for c in runs[engines[0]]]
     return [
-        (c.prompt_token_ids, list(c.token_ids), _greedy(ref, c.prompt_token_ids, max_tokens))
-        for c in completions
+        (
+            prompt,
+            {e: list(runs[e][i].token_ids) for e in engines},
+            _greedy(ref, prompt, max_tokens),
+        )
+        for i, prompt in enumerate(prompts)
     ]
 
 
