@@ -8,7 +8,9 @@ makes itself from a config, so the oracle is transformers' own code:
 - `engine_and_reference`: the built engine's greedy tokens and transformers' greedy tokens on the
   quantized IR's dequantized weights (written as an HF checkpoint), prompt by prompt;
 - `gated_build`: a build whose evaluate.perplexity gate judges the engine on the model's own
-  text.
+  text;
+- `compressed_tensors_and_ir`: transformers' logits on the compressed-tensors export against
+  the IR's.
 """
 
 from __future__ import annotations
@@ -237,3 +239,29 @@ def gated_build(ckpt: Path, work: Path, quantize: list[dict], **recipe: Any) -> 
     path = write_recipe(work / "recipe.yaml", ckpt, **fields)
     artifact = build(path, work / "artifact", cache=StageCache(work / "cache")).artifact
     return json.loads((artifact / "eval" / "report.json").read_text())["perplexity"]
+
+
+def compressed_tensors_and_ir(ckpt: Path, work: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(transformers' logits on the compressed-tensors export of `ckpt` quantized RTN int4 g32
+    (lm_head float), the IR's on the same weights with its float tensors rounded to fp16 as
+    the export holds them), on two random sequences of 40 tokens."""
+    from ingot.pipeline.interop import write_interop
+    from ingot.pipeline.quantize.checkpoint import load_ir, save_ir
+    from ingot.pipeline.recipe.quantize import quantize_entry
+
+    model = load_model(ckpt)
+    entry = {"method": "rtn", "bits": 4, "group_size": 32, "symmetric": True}
+    quantize_model(model, [quantize_entry({**entry, "ignore": ["lm_head"]})])
+    ir = work / "ir"
+    ir.mkdir(parents=True)
+    save_ir(model, ir)
+    write_interop("compressed-tensors", ir, ckpt, work / "ct")
+    hf = AutoModelForCausalLM.from_pretrained(work / "ct", dtype=torch.float32).eval()
+    model = load_ir(ir)
+    ids = torch.randint(
+        0, model.cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())
+        return hf(ids).logits, model(ids)[0]

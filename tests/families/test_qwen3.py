@@ -5,6 +5,7 @@ mixed with global ones."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness import (
     GPTQ_W4,
@@ -12,6 +13,7 @@ from harness import (
     W8A8,
     WINDOW,
     assert_ir_matches_transformers,
+    compressed_tensors_and_ir,
     engine_and_reference,
     gated_build,
     tiny_checkpoint,
@@ -62,3 +64,8 @@ def test_quantized_builds_pass_the_gate(trained, tmp_path, scheme):
     report = gated_build(trained, tmp_path, GPTQ_W4 if scheme == "gptq-w4" else W8A8)
     assert report["original"] < 100  # trained: far below the 512-token vocabulary's uniform
     assert report["engine_delta"] < MAX_DELTA
+
+
+def test_transformers_runs_the_compressed_tensors_export(checkpoint, tmp_path):
+    theirs, ours = compressed_tensors_and_ir(checkpoint, tmp_path)
+    torch.testing.assert_close(theirs, ours, atol=1e-4 * float(ours.abs().max()), rtol=0)
