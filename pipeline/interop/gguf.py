@@ -130,12 +130,8 @@ def _tensors(model: LlamaModel, permute: bool):
             name = f"layers.{i}.{linear.name}"
             heads = linear_shape(cfg, name)[1] // cfg.head_dim if linear.name in rotated else None
             yield from _linear(name, model.get_submodule(name), heads, cfg)
-        for norm in layer.norms[1:]:
+        for norm in (*layer.norms[1:], *layer.head_norms):
             yield _norm(model, f"layers.{i}.{norm}")
-        attn = model.layers[i].attn
-        for norm in ("q_norm", "k_norm"):  # per head, before RoPE: HF's order, never permuted
-            if getattr(attn, norm, None) is not None:
-                yield _norm(model, f"layers.{i}.attn.{norm}")
     yield _norm(model, "norm")
     if not model.lm_head_tied:  # tied: llama.cpp computes the logits with token_embd
         yield from _linear("lm_head", model.lm_head, None, cfg)

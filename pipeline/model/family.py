@@ -84,6 +84,9 @@ class LayerSpec:
     norms: tuple[str, ...]  # the layer's norms (IR names inside the layer), in model order
     folds: tuple[ScaleFold, ...]  # in compute order
     rotated: tuple[str, ...]  # the linears whose outputs RoPE rotates, per head
+    # Norms over head_dim applied per head to q and k before RoPE (Qwen3, Gemma 3: IR names
+    # "attn.q_norm", "attn.k_norm"), not fold sources: they sit after the projections.
+    head_norms: tuple[str, ...] = ()
     # The norms of a sublayer's output before its residual add (Gemma's post-attention and
     # post-feed-forward norms), in `norms` too: (after attention, after the MLP), or () for
     # none. Never a fold source: their outputs feed no linear, only the residual stream.
@@ -218,6 +221,11 @@ class ModelFamily:
     # is refused when its config is read (Gemma's logit soft-capping).
     unsupported_keys: tuple[str, ...] = ()
 
+    @property
+    def qk_norm(self) -> bool:
+        """Whether q and k are normed per head before RoPE (`LayerSpec.head_norms`)."""
+        return bool(self.layer.head_norms)
+
 
 MODEL_FAMILIES: Registry[ModelFamily] = Registry(
     "model family",
@@ -225,6 +233,7 @@ MODEL_FAMILIES: Registry[ModelFamily] = Registry(
         "llama": "ingot.pipeline.model.families.llama",
         "mistral": "ingot.pipeline.model.families.mistral",
         "qwen2": "ingot.pipeline.model.families.qwen2",
+        "qwen3": "ingot.pipeline.model.families.qwen3",
         "gemma3_text": "ingot.pipeline.model.families.gemma3",
     },
     group="ingot.model_families",

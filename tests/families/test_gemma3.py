@@ -3,10 +3,8 @@
 sliding_window_pattern keys), the (1 + w) norm a scale folds into, the 262k vocabulary with
 its embedding and lm_head quantized, and llama.cpp's gemma3 GGUF.
 
-The checkpoint has every Gemma feature on and bites: random norm weights (transformers
-initializes them to zero, where (1 + w) = 1 would hide a missing offset), sliding layers
-interleaved with global ones at a window shorter than the prompts, a local RoPE base unlike
-the global one, query_pre_attn_scalar unlike head_dim.
+The family harness (tests/families/harness.py) checks the IR, both engines and the gated GPTQ
+W4 / W8A8 builds against transformers' own Gemma 3, tied and untied, every feature on (FEATURES).
 """
 
 from __future__ import annotations
@@ -28,49 +26,48 @@ from ingot.pipeline.quantize.checkpoint import load_ir, save_ir
 from ingot.pipeline.recipe import load_recipe
 from ingot.pipeline.recipe.quantize import quantize_entry
 
-from fixtures import write_recipe, write_tokenizer
+from fixtures import write_recipe
+from harness import (
+    GPTQ_W4,
+    MAX_DELTA,
+    TINY,
+    W8A8,
+    WINDOW,
+    assert_ir_matches_transformers,
+    compressed_tensors_and_ir,
+    engine_and_reference,
+    gated_build,
+    tiny_checkpoint,
+    trained_checkpoint,
+)
 
-WINDOW = 16
-# Small, every feature on: layers 0, 2 slide (sliding_window_pattern 2), 1, 3 are global.
-CONFIG = dict(
-    vocab_size=320,
-    hidden_size=64,
-    intermediate_size=128,
+# Every feature on: layers 0, 2 slide (sliding_window_pattern 2), 1, 3 are global; the local
+# RoPE base unlike the global one, query_pre_attn_scalar unlike head_dim. The harness's norms
+# are random (transformers initializes Gemma's to zero, where (1 + w) = 1 would hide a missing
+# offset).
+FEATURES = dict(
     num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
     head_dim=16,
-    max_position_embeddings=256,
     sliding_window=WINDOW,
     sliding_window_pattern=2,
     query_pre_attn_scalar=24,
     rope_theta=40000.0,
     rope_local_base_freq=10000.0,
-    bos_token_id=0,
-    eos_token_id=1,
-    pad_token_id=0,
 )
+CONFIG = {**TINY, **FEATURES, "model_type": "gemma3_text"}
 
 
-def make_gemma3(path: Path, seed: int = 0, **overrides) -> Path:
-    """A random Gemma 3 checkpoint saved by transformers, its norm weights random too."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    config = AutoConfig.for_model("gemma3_text", **{**CONFIG, **overrides})
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.15 if p.dim() >= 2 else 0.3)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    write_tokenizer(path, config.vocab_size)
-    return path
+@pytest.fixture(scope="module", params=["tied", "untied"])
+def checkpoint(request, tmp_path_factory) -> Path:
+    tied = request.param == "tied"
+    path = tmp_path_factory.mktemp(f"gemma3-{request.param}")
+    return tiny_checkpoint(path, "gemma3_text", tie_word_embeddings=tied, **FEATURES)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return make_gemma3(tmp_path_factory.mktemp("gemma3") / "ckpt")
+def tied(tmp_path_factory) -> Path:
+    """Gemma 3 as released: tied."""
+    return tiny_checkpoint(tmp_path_factory.mktemp("gemma3"), "gemma3_text", **FEATURES)
 
 
 # -- config.json --------------------------------------------------------------------------------
@@ -114,19 +111,21 @@ def test_logit_softcapping_is_refused_naming_the_key():
 # -- IR -----------------------------------------------------------------------------------------
 
 
-def test_ir_logits_and_greedy_equal_transformers(checkpoint):
+def test_ir_logits_match_transformers(checkpoint):
+    assert_ir_matches_transformers(checkpoint, seq_len=40)
+
+
+def test_ir_cached_greedy_matches_transformers_past_the_window(tied):
+    """Decoding with the IR's cache past the window: each layer's K/V, window and RoPE kept
+    apart (transformers' own cached generate as the oracle)."""
     from transformers import AutoModelForCausalLM
 
-    ir = load_model(checkpoint)
-    ref = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    ids = torch.randint(2, 320, (2, 40), generator=torch.Generator().manual_seed(0))
+    ir = load_model(tied)
+    ref = AutoModelForCausalLM.from_pretrained(tied, dtype=torch.float32).eval()
+    ids = torch.randint(2, 320, (1, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        want = ref(ids).logits
-        torch.testing.assert_close(ir(ids)[0], want, atol=1e-4 * want.abs().max(), rtol=0)
-        # cached decoding past the window: each layer's K/V, window and RoPE kept apart
-        got = ir.generate_greedy(ids[0, :24].tolist(), 16, stop_at_eos=False)
-        out = ref.generate(ids[:1, :24], max_new_tokens=16, min_new_tokens=16, do_sample=False)
-    assert got == out[0, 24:].tolist()
+        out = ref.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        assert ir.generate_greedy(ids[0].tolist(), 16, stop_at_eos=False) == out[0, 24:].tolist()
 
 
 def test_a_scale_folds_into_the_offset_norm():
@@ -151,12 +150,10 @@ def test_the_262k_vocabulary_builds_with_int8_embedding_and_lm_head(tmp_path):
     from ingot.pipeline.cache import StageCache
     from ingot.runtime import LoadedModel, SamplingParams
 
-    ckpt = make_gemma3(
+    ckpt = tiny_checkpoint(
         tmp_path / "ckpt",
-        vocab_size=262_144,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
+        "gemma3_text",
+        **{**FEATURES, "vocab_size": 262_144, "hidden_size": 32, "num_hidden_layers": 2},
     )
     layers = {"method": "rtn", "bits": 4, "group_size": 32, "targets": ["re:layers\\..*"]}
     heads = {**layers, "bits": 8, "group_size": -1, "targets": ["embed_tokens", "lm_head"]}
@@ -176,29 +173,33 @@ def test_the_262k_vocabulary_builds_with_int8_embedding_and_lm_head(tmp_path):
         assert completion.token_ids == ir.generate_greedy(prompt, 8, stop_at_eos=False)
 
 
-# -- both engines -------------------------------------------------------------------------------
+# -- the engines --------------------------------------------------------------------------------
 
 
-def test_openvino_computes_onnxruntimes_logprobs(tmp_path, checkpoint):
+@pytest.fixture(scope="module")
+def engines(tied, tmp_path_factory) -> tuple[list, Path]:
+    """(engine_and_reference's runs, the artifact both engines ran) of the tied checkpoint, as
+    Gemma 3 ships (an untied lm_head takes the engines' path every family shares)."""
+    work = tmp_path_factory.mktemp("gemma3-engines")
+    return engine_and_reference(tied, work), work / "artifact"
+
+
+def test_engines_greedy_match_transformers(engines):
+    runs, _ = engines
+    assert max(len(prompt) for prompt, _, _ in runs) > WINDOW  # a prompt past the window
+    for prompt, tokens, reference in runs:
+        for engine, ours in tokens.items():
+            assert ours == reference, (engine, prompt)
+
+
+def test_openvino_computes_onnxruntimes_logprobs(engines):
     """The OpenVINO rebuild of the layer (GELU, post-norms, q/k norms, the embedding's scale,
     q's factor, the local RoPE table) against the ONNX Runtime engine on one artifact, both
     exact: the sampled tokens' logprobs agree to float rounding past the window (a missing
-    piece moves them by 0.08 to 2)."""
-    pytest.importorskip("openvino")
-    from ingot.pipeline.build import build
-    from ingot.pipeline.cache import StageCache
+    piece moves them by 0.08 to 2; greedy tokens of a random model can miss it)."""
     from ingot.runtime import LoadedModel, SamplingParams
 
-    from fixtures import with_openvino
-
-    recipe = write_recipe(
-        tmp_path / "r.yaml",
-        checkpoint,
-        kv_cache={"dtype": "fp32", "block_size": 32},
-        targets=[{"engine": "onnxruntime", "device": "cpu", "matmul_accuracy_level": 0}],
-    )
-    built = build(recipe, tmp_path / "art", cache=StageCache(tmp_path / "cache")).artifact
-    artifact = with_openvino(built, tmp_path / "both")
+    _, artifact = engines
     prompts = ["def add(a, b):", "The quick brown fox jumps over the lazy dog " * 3]
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=1)
 
@@ -210,28 +211,26 @@ def test_openvino_computes_onnxruntimes_logprobs(tmp_path, checkpoint):
         np.testing.assert_allclose(ours.logprobs, theirs.logprobs, atol=1e-4)
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    return trained_checkpoint(tmp_path_factory.mktemp("gemma3-trained"), "gemma3_text", **FEATURES)
+
+
+@pytest.mark.parametrize("scheme", ["gptq-w4", "w8a8"])
+def test_quantized_builds_pass_the_gate(trained, tmp_path, scheme):
+    report = gated_build(trained, tmp_path, GPTQ_W4 if scheme == "gptq-w4" else W8A8)
+    assert report["original"] < 100  # trained: far below the 512-token vocabulary's uniform
+    assert report["engine_delta"] < MAX_DELTA
+
+
 # -- interop ------------------------------------------------------------------------------------
 
 
-def test_transformers_loads_the_compressed_tensors_export(tmp_path, checkpoint):
+def test_transformers_runs_the_compressed_tensors_export(checkpoint, tmp_path):
     """Gemma's names written back (post_attention_layernorm is the attention's post-norm, the
-    norms' w as stored): transformers computes the IR's logits on the file's weights."""
-    from transformers import AutoModelForCausalLM
-
-    ir = _rtn_ir(tmp_path, checkpoint)
-    write_interop("compressed-tensors", ir, checkpoint, tmp_path / "ct")
-    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ct", dtype=torch.float32).eval()
-    model = load_ir(ir)
-    with torch.no_grad():  # the file's float tensors are fp16
-        for p in model.parameters():
-            p.copy_(p.half().float())
-    ids = torch.randint(2, 320, (1, 40), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        want = model(ids)[0]
-        torch.testing.assert_close(hf(ids).logits, want, atol=1e-4 * want.abs().max(), rtol=0)
-
-
-# -- GGUF ---------------------------------------------------------------------------------------
+    norms' w as stored)."""
+    theirs, ours = compressed_tensors_and_ir(checkpoint, tmp_path)
+    torch.testing.assert_close(theirs, ours, atol=1e-4 * float(ours.abs().max()), rtol=0)
 
 
 def _rtn_ir(tmp: Path, checkpoint: Path) -> Path:
@@ -258,7 +257,9 @@ def test_llama_cpp_runs_the_gguf_as_the_ir(tmp_path):
     tolerance is test_interop_gguf's (its 8-bit activations)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     pytest.importorskip("gguf")
-    ckpt = make_gemma3(tmp_path / "ckpt", query_pre_attn_scalar=16)
+    ckpt = tiny_checkpoint(
+        tmp_path / "ckpt", "gemma3_text", **{**FEATURES, "query_pre_attn_scalar": 16}
+    )
     ir = _rtn_ir(tmp_path, ckpt)
     write_interop("gguf", ir, ckpt, tmp_path / "gguf")
     model = load_ir(ir)
@@ -285,9 +286,9 @@ def test_llama_cpp_runs_the_gguf_as_the_ir(tmp_path):
     assert err < 0.5 and agree >= 0.85, (err, agree)
 
 
-def test_gguf_refuses_an_attention_scale_llama_cpp_would_not_use(tmp_path, checkpoint):
-    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", checkpoint, interop=["gguf"]))
-    assert interop_problems(recipe, ModelConfig.from_dir(checkpoint)) == [
+def test_gguf_refuses_an_attention_scale_llama_cpp_would_not_use(tmp_path, tied):
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", tied, interop=["gguf"]))
+    assert interop_problems(recipe, ModelConfig.from_dir(tied)) == [
         "interop.0: gguf: llama.cpp scales gemma3 attention by (head_dim) ** -0.5 = 16 ** -0.5, "
         "not config.json query_pre_attn_scalar 24 ** -0.5"
     ]

@@ -30,6 +30,7 @@ LAYER = LayerSpec(
         ScaleFold("mlp.up_proj", DOWN),
     ),
     rotated=LLAMA_LAYER.rotated,
+    head_norms=("attn.q_norm", "attn.k_norm"),
     post_norms=("attn_post_norm", "mlp_post_norm"),
 )
 
