@@ -244,6 +244,8 @@ class Eagle3Draft(nn.Module):
             layer_windows=None,
             bos_token_id=None,
             eos_token_ids=(),
+            rope_local=None,  # a Llama layer: the target's global RoPE, 1 / sqrt(head_dim)
+            attention_scalar=None,
         )
         cfg = Eagle3Config(
             layer=layer,

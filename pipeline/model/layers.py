@@ -82,9 +82,9 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def make_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
-    """The family's norm over `dim` (the hidden size: a layer's norms and the final one)."""
-    return NORMS[cfg.family.norm](dim or cfg.hidden_size, cfg.rms_norm_eps)
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The family's norm over the hidden size (a layer's norms and the final one)."""
+    return NORMS[cfg.family.norm](cfg.hidden_size, cfg.rms_norm_eps)
 
 
 def _linear(cfg: ModelConfig, name: str) -> nn.Linear:

@@ -140,6 +140,21 @@ def test_a_scale_folds_into_the_offset_norm():
         torch.testing.assert_close(linear(norm(x)), want)
 
 
+def test_an_eagle3_draft_for_gemma3_is_a_llama_layer():
+    """The speculators layout's layer is Llama's (vLLM runs it so): 1 / sqrt(head_dim), the
+    target's global RoPE, plain RMSNorm, no q/k norms, whatever the Gemma target has."""
+    from ingot.pipeline.model.eagle3 import Eagle3Draft
+    from ingot.pipeline.model.layers import RMSNorm
+
+    cfg = ModelConfig.from_hf(CONFIG)
+    h, v = cfg.hidden_size, cfg.vocab_size
+    draft = Eagle3Draft.for_target(cfg, (0, 1, 3), torch.zeros(v, h), torch.zeros(v, h), seed=0)
+    layer = draft.cfg.layer
+    assert layer.attention_scale == pytest.approx(cfg.head_dim**-0.5)
+    assert layer.rope_of(0) == cfg.rope and layer.embedding_scale is None
+    assert type(draft.norm) is RMSNorm and draft.layers[0].self_attn.q_norm is None
+
+
 # -- 262k vocabulary ----------------------------------------------------------------------------
 
 
