@@ -28,15 +28,17 @@ from ingot.pipeline.recipe.quantize import quantize_entry
 
 from fixtures import write_recipe
 from harness import (
-    GPTQ_W4,
+    EAGLE,
     MAX_DELTA,
+    MEDUSA,
+    SCHEMES,
     TINY,
-    W8A8,
     WINDOW,
     assert_ir_matches_transformers,
     compressed_tensors_and_ir,
     engine_and_reference,
     gated_build,
+    speculative_and_plain,
     tiny_checkpoint,
     trained_checkpoint,
 )
@@ -231,11 +233,37 @@ def trained(tmp_path_factory) -> Path:
     return trained_checkpoint(tmp_path_factory.mktemp("gemma3-trained"), "gemma3_text", **FEATURES)
 
 
-@pytest.mark.parametrize("scheme", ["gptq-w4", "w8a8"])
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
 def test_quantized_builds_pass_the_gate(trained, tmp_path, scheme):
-    report = gated_build(trained, tmp_path, GPTQ_W4 if scheme == "gptq-w4" else W8A8)
+    quantize, fields = SCHEMES[scheme]
+    report = gated_build(trained, tmp_path, quantize, **fields)
     assert report["original"] < 100  # trained: far below the 512-token vocabulary's uniform
     assert report["engine_delta"] < MAX_DELTA
+
+
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory) -> Path:
+    """A smaller Gemma 3 on the same tokenizer, one global layer (sliding_window_pattern 1): a
+    draft mixing local and global layers is refused (one block table)."""
+    path = tmp_path_factory.mktemp("gemma3-draft")
+    one_global = {**FEATURES, "num_hidden_layers": 1, "sliding_window_pattern": 1}
+    return trained_checkpoint(path, "gemma3_text", steps=150, **one_global)
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa", "draft_model"])
+def test_speculative_decoding_equals_plain(trained, draft, tmp_path, method):
+    spec = {
+        "eagle": EAGLE,
+        "medusa": MEDUSA,
+        "draft_model": {
+            "method": "draft_model",
+            "num_speculative_tokens": 3,
+            "draft": {"source": {"path": str(draft)}},
+        },
+    }[method]
+    got, want, stats = speculative_and_plain(trained, tmp_path, spec)
+    assert got == want
+    assert stats.num_draft_tokens > stats.num_accepted_tokens > 0
 
 
 # -- interop ------------------------------------------------------------------------------------
