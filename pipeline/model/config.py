@@ -225,7 +225,7 @@ def _refuse_unsupported(family: ModelFamily, hf: dict[str, Any]) -> None:
         if hf.get(key) not in (None, False):
             raise ConfigError(
                 f"config.json: {key} {hf[key]!r} is not supported (ingot takes "
-                f"{family.name} checkpoints with {key} null)"
+                f"{family.name} checkpoints without it: null or false)"
             )
 
 

@@ -106,7 +106,7 @@ def test_logit_softcapping_is_refused_naming_the_key():
         ModelConfig.from_hf(hf)
     assert str(err.value) == (
         "config.json: final_logit_softcapping 30.0 is not supported (ingot takes gemma3_text "
-        "checkpoints with final_logit_softcapping null)"
+        "checkpoints without it: null or false)"
     )
 
 
