@@ -13,9 +13,9 @@ from ingot.pipeline.model.architecture import (
     LAYER_LINEARS,
     layer_linear,
     linear_names,
-    parameter_count,
     linear_shape,
     lm_head_source,
+    parameter_count,
     scaling_groups,
 )
 from ingot.pipeline.model.family import MODEL_FAMILIES
