@@ -30,6 +30,7 @@ VARIANTS = {
     "llama-tied": {"tie_word_embeddings": True},
     "qwen2": {"model_type": "qwen2"},
     "mistral": {"model_type": "mistral", "sliding_window": 16},
+    "phi3": {"model_type": "phi3", "partial_rotary_factor": 0.75},
 }
 
 
