@@ -11,7 +11,7 @@ sliding window, no dynamic NTK RoPE. compressed-tensors holds an fp8 KV cache, n
 
 from __future__ import annotations
 
-from ..model.architecture import linear_names, linear_shape
+from ..model.architecture import fused_names, linear_names, linear_shape
 from ..model.config import ModelConfig
 from ..model.selection import selected
 from ..quantize.method import Grid, Scheme, method_of
@@ -33,7 +33,10 @@ def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     if not recipe.quantize:
         return ["interop: the interop formats hold quantized weights; add a quantize section"]
     modules = linear_names(cfg)
-    entry_of = {m: i for i, entry in enumerate(recipe.quantize) for m in selected(entry, modules)}
+    fused = fused_names(cfg)
+    entry_of = {
+        m: i for i, entry in enumerate(recipe.quantize) for m in selected(entry, modules, fused)
+    }
     problems = []
     for j, fmt in enumerate(recipe.interop):
         if fmt != _HOLDS_EVERY_SCHEME:
@@ -67,10 +70,12 @@ def gguf_model_problems(cfg: ModelConfig) -> list[str]:
             f"gguf: llama.cpp has no architecture for model_type {cfg.architecture!r} "
             "(its model family names none)"
         )
-    if cfg.rope.type not in ("default", "linear", "llama3"):
+    runs = cfg.family.gguf.rope_scalings if cfg.family.gguf is not None else ()
+    if cfg.family.gguf is not None and cfg.rope.type not in runs:
         problems.append(
-            f"gguf: llama.cpp has no {cfg.rope.type!r} RoPE scaling (config.json rope_type "
-            f"{cfg.rope.type!r}; llama.cpp runs default, linear and llama3)"
+            f"gguf: llama.cpp has no {cfg.rope.type!r} RoPE scaling for "
+            f"{cfg.family.gguf.arch} (config.json rope_type {cfg.rope.type!r}; llama.cpp runs "
+            f"{', '.join(runs)})"
         )
     window = cfg.sliding_window
     if cfg.layer_windows is not None:

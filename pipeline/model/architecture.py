@@ -33,6 +33,7 @@ __all__ = [
     "LayerLinear",
     "dim_label",
     "dim_size",
+    "fused_names",
     "has_bias",
     "layer_linear",
     "linear_names",
@@ -123,6 +124,19 @@ def linear_names(cfg: ModelConfig) -> list[str]:
     linears = cfg.family.layer.linears
     per_layer = [f"layers.{i}.{m.name}" for i in range(cfg.num_layers) for m in linears]
     return [*per_layer, LM_HEAD.name]
+
+
+def fused_names(cfg: ModelConfig) -> dict[str, str]:
+    """{IR linear: the IR name of the fused checkpoint tensor holding it} for every layer
+    (`FusedLinear`: `layers.0.attn.q_proj` -> `layers.0.attn.qkv_proj`); empty for a family
+    storing each linear on its own. A recipe pattern naming the fused tensor selects its
+    parts (selection.py)."""
+    return {
+        f"layers.{i}.{part}": f"layers.{i}.{fused.name}"
+        for i in range(cfg.num_layers)
+        for fused in cfg.family.fused
+        for part in fused.parts
+    }
 
 
 def parameter_count(cfg: ModelConfig) -> int:

@@ -179,6 +179,9 @@ class Gguf:
 
     arch: str  # general.architecture: "llama", "qwen2"
     permute_rotated: bool
+    # The rope_type values llama.cpp runs for this architecture (the writer stores their
+    # tables: llama3's rope_freqs, longrope's rope_factors_long / _short).
+    rope_scalings: tuple[str, ...] = ("default", "linear", "llama3")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,17 @@
-"""Which modules a recipe entry selects: `targets` minus `ignore`, by IR module name."""
+"""Which modules a recipe entry selects: `targets` minus `ignore`, by IR module name.
+
+A linear the checkpoint stores inside a fused tensor (Phi-3's `layers.0.attn.qkv_proj` holds
+q_proj, k_proj and v_proj: `FusedLinear`) is also selected by a pattern matching the fused
+tensor's name (`fused`: {linear: fused name}, `architecture.fused_names`), so a recipe written
+for the checkpoint's modules (llm-compressor's view) and one naming the IR's split linears both
+work.
+"""
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 __all__ = [
@@ -41,22 +48,30 @@ def pattern_matches(pattern: str, name: str) -> bool:
     return pattern == name
 
 
-def module_selected(name: str, targets: Iterable[str], ignore: Iterable[str]) -> bool:
-    """True if some target pattern matches `name` and no ignore pattern does."""
-    return any(pattern_matches(p, name) for p in targets) and not any(
-        pattern_matches(p, name) for p in ignore
+def module_selected(
+    name: str, targets: Iterable[str], ignore: Iterable[str], fused: str | None = None
+) -> bool:
+    """True if some target pattern matches `name` (or `fused`, the name of the fused tensor
+    holding it) and no ignore pattern does."""
+    names = (name,) if fused is None else (name, fused)
+    return any(pattern_matches(p, n) for p in targets for n in names) and not any(
+        pattern_matches(p, n) for p in ignore for n in names
     )
 
 
-def selected(entry: Selects, names: Iterable[str]) -> list[str]:
-    """The names `entry` selects, in the order given."""
-    return [n for n in names if module_selected(n, entry.targets, entry.ignore)]
+def selected(
+    entry: Selects, names: Iterable[str], fused: Mapping[str, str] | None = None
+) -> list[str]:
+    """The names `entry` selects, in the order given (`fused`: the module docstring)."""
+    fused = fused or {}
+    return [n for n in names if module_selected(n, entry.targets, entry.ignore, fused.get(n))]
 
 
-def entry_for(name: str, entries: Sequence[E]) -> E | None:
+def entry_for(name: str, entries: Sequence[E], fused: Mapping[str, str] | None = None) -> E | None:
     """The entry that selects module `name` (the recipe checks allow at most one), or None."""
+    holder = (fused or {}).get(name)
     for entry in entries:
-        if module_selected(name, entry.targets, entry.ignore):
+        if module_selected(name, entry.targets, entry.ignore, holder):
             return entry
     return None
 

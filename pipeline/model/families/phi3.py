@@ -28,6 +28,6 @@ PLUGIN = replace(
     hf_class="Phi3ForCausalLM",
     biases=Biases(qkv=False, o=False),
     rope_scalings=("default", "longrope"),
-    gguf=Gguf("phi3", permute_rotated=False),
+    gguf=Gguf("phi3", permute_rotated=False, rope_scalings=("default", "longrope")),
     fused=(FusedLinear("attn.qkv_proj", QKV), FusedLinear("mlp.gate_up_proj", GATE_UP)),
 )
