@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..model.architecture import fused_names, linear_names, linear_shape
 from ..model.config import ModelConfig
-from ..model.selection import selected
+from ..model.selection import Holder, selected
 from ..quantize.method import Grid, Scheme, method_of
 from ..recipe import Quantize, Recipe
 from ..recipe.errors import format_problem
@@ -37,7 +37,7 @@ def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     entry_of = {
         m: i for i, entry in enumerate(recipe.quantize) for m in selected(entry, modules, fused)
     }
-    problems = []
+    problems = _fused_alike(fused, entry_of)
     for j, fmt in enumerate(recipe.interop):
         if fmt != _HOLDS_EVERY_SCHEME:
             problems += _schemes(j, fmt, recipe)
@@ -60,6 +60,24 @@ def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
                     format_problem("kv_cache.dtype", what, recipe.kv_cache.dtype, ", ".join(held))
                 )
     return problems
+
+
+def _fused_alike(fused: dict[str, Holder], entry_of: dict[str, int]) -> list[str]:
+    # The checkpoint stores these linears as one tensor (Phi-3's qkv_proj): every format
+    # writes them back stacked (fused.py), which needs one scheme for all the parts.
+    for holder, linears in {h.name: h.parts for h in fused.values()}.items():
+        entries = [entry_of.get(m) for m in linears]
+        if len(set(entries)) > 1:
+            named = ", ".join(
+                f"{m} by {'nothing' if e is None else f'quantize.{e}'}"
+                for m, e in zip(linears, entries, strict=True)
+            )
+            return [
+                f"interop: {holder} is one tensor in the checkpoint, which the interop formats "
+                f"write back, but its parts are quantized apart ({named}); select them with one "
+                "entry (a pattern naming the fused tensor selects all its parts)"
+            ]
+    return []
 
 
 def gguf_model_problems(cfg: ModelConfig) -> list[str]:

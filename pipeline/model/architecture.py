@@ -18,7 +18,7 @@ from __future__ import annotations
 from .config import ModelConfig
 from .families.llama import DOWN, GATE_UP, LAYER, QKV, O
 from .family import LM_HEAD, Dim, LayerLinear, LayerSpec
-from .selection import EMBEDDING
+from .selection import EMBEDDING, Holder
 
 __all__ = [
     "DOWN",
@@ -126,17 +126,18 @@ def linear_names(cfg: ModelConfig) -> list[str]:
     return [*per_layer, LM_HEAD.name]
 
 
-def fused_names(cfg: ModelConfig) -> dict[str, str]:
-    """{IR linear: the IR name of the fused checkpoint tensor holding it} for every layer
-    (`FusedLinear`: `layers.0.attn.q_proj` -> `layers.0.attn.qkv_proj`); empty for a family
+def fused_names(cfg: ModelConfig) -> dict[str, Holder]:
+    """{IR linear: the fused checkpoint tensor holding it} for every layer (`FusedLinear`:
+    `layers.0.attn.q_proj` -> `layers.0.attn.qkv_proj` with its parts); empty for a family
     storing each linear on its own. A recipe pattern naming the fused tensor selects its
     parts (selection.py)."""
-    return {
-        f"layers.{i}.{part}": f"layers.{i}.{fused.name}"
-        for i in range(cfg.num_layers)
-        for fused in cfg.family.fused
-        for part in fused.parts
-    }
+    holders = {}
+    for i in range(cfg.num_layers):
+        for fused in cfg.family.fused:
+            parts = tuple(f"layers.{i}.{part}" for part in fused.parts)
+            holder = Holder(f"layers.{i}.{fused.name}", parts)
+            holders |= dict.fromkeys(parts, holder)
+    return holders
 
 
 def parameter_count(cfg: ModelConfig) -> int:

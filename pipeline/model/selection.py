@@ -1,10 +1,12 @@
 """Which modules a recipe entry selects: `targets` minus `ignore`, by IR module name.
 
 A linear the checkpoint stores inside a fused tensor (Phi-3's `layers.0.attn.qkv_proj` holds
-q_proj, k_proj and v_proj: `FusedLinear`) is also selected by a pattern matching the fused
-tensor's name (`fused`: {linear: fused name}, `architecture.fused_names`), so a recipe written
-for the checkpoint's modules (llm-compressor's view) and one naming the IR's split linears both
-work.
+q_proj, k_proj and v_proj: `FusedLinear`) is also selected by a pattern naming the fused
+tensor (`Holder`, from `architecture.fused_names`), so a recipe written for the checkpoint's
+modules (llm-compressor's view) and one naming the IR's split linears both work. The IR's
+names come first: a pattern matching any of the parts' own names (`re:.*v_proj`) selects
+those parts only, as it does in a family storing them apart, even though it also matches the
+fused name (qkv_proj ends in v_proj).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 __all__ = [
     "EMBEDDING",
+    "Holder",
     "Selects",
     "embedding_entry",
     "entry_for",
@@ -25,6 +28,13 @@ __all__ = [
 ]
 
 EMBEDDING = "embed_tokens"  # the token embedding's IR name: selected by this exact name only
+
+
+class Holder(NamedTuple):
+    """The fused checkpoint tensor holding a linear: its IR name and all its parts'."""
+
+    name: str  # layers.0.attn.qkv_proj
+    parts: tuple[str, ...]  # layers.0.attn.q_proj, ...
 
 
 class Selects(Protocol):
@@ -49,18 +59,28 @@ def pattern_matches(pattern: str, name: str) -> bool:
 
 
 def module_selected(
-    name: str, targets: Iterable[str], ignore: Iterable[str], fused: str | None = None
+    name: str, targets: Iterable[str], ignore: Iterable[str], holder: Holder | None = None
 ) -> bool:
-    """True if some target pattern matches `name` (or `fused`, the name of the fused tensor
-    holding it) and no ignore pattern does."""
-    names = (name,) if fused is None else (name, fused)
-    return any(pattern_matches(p, n) for p in targets for n in names) and not any(
-        pattern_matches(p, n) for p in ignore for n in names
+    """True if some target pattern selects `name` and no ignore pattern does (`names` below:
+    its own name, or that of the fused tensor `holder` holding it)."""
+    return any(_names(p, name, holder) for p in targets) and not any(
+        _names(p, name, holder) for p in ignore
+    )
+
+
+def _names(pattern: str, name: str, holder: Holder | None) -> bool:
+    """`pattern` matches `name`, or names its fused tensor and none of the parts (module doc)."""
+    if pattern_matches(pattern, name):
+        return True
+    return (
+        holder is not None
+        and pattern_matches(pattern, holder.name)
+        and not any(pattern_matches(pattern, part) for part in holder.parts)
     )
 
 
 def selected(
-    entry: Selects, names: Iterable[str], fused: Mapping[str, str] | None = None
+    entry: Selects, names: Iterable[str], fused: Mapping[str, Holder] | None = None
 ) -> list[str]:
     """The names `entry` selects, in the order given (`fused`: the module docstring)."""
     fused = fused or {}

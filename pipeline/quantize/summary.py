@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..model.selection import embedding_entry, selected
+from ..model.selection import Holder, embedding_entry, selected
 from .method import QuantEntry, method_of
 
 __all__ = ["summaries"]
@@ -17,7 +17,7 @@ def summaries(
     entries: Sequence[QuantEntry],
     names: Iterable[str],
     searched: Mapping[int, dict[str, Any]] | None = None,
-    fused: Mapping[str, str] | None = None,
+    fused: Mapping[str, Holder] | None = None,
 ) -> list[dict[str, Any]]:
     """One record per entry: what its method records of it (`QuantMethod.record`: the settings
     as the recipe states them), plus how many of the linears `names` it selects, the

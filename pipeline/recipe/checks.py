@@ -38,11 +38,12 @@ def quantize_problems(entries: Sequence[Quantize], cfg: ModelConfig, path: str) 
     """One line per way the quantize entries at recipe `path` (`quantize`, or a draft model's
     list) do not fit the model of `cfg`."""
     modules, fused = linear_names(cfg), fused_names(cfg)
+    holders = sorted({h.name for h in fused.values()})  # names a pattern may use too
     problems = []
     selected_by: dict[str, list[int]] = {}
     for index, entry in enumerate(entries):
         at = f"{path}.{index}"
-        pattern_problems = _check_patterns(at, entry, modules, sorted(set(fused.values())))
+        pattern_problems = _check_patterns(at, entry, modules, holders)
         problems += pattern_problems
         chosen = selected(entry, modules, fused)
         if embedding_entry([entry]) is not None:  # named exactly (selection.py)
