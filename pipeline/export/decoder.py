@@ -58,6 +58,7 @@ from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
+import onnx
 import torch
 from onnx import TensorProto, helper
 
@@ -84,6 +85,7 @@ __all__ = [
     "mlp",
     "norm",
     "rms_norm",
+    "rope_length",
     "shared_tensors",
 ]
 
@@ -174,18 +176,22 @@ def export_onnx(
     return info
 
 
+def rope_length(graph: Path) -> int:
+    """The sequence length the RoPE table of the graph at `graph` was made for (its rows:
+    the export's max_seq_len), read from the proto alone (the weights stay on disk)."""
+    proto = onnx.load(str(graph), load_external_data=False)
+    table = next((t for t in proto.graph.initializer if t.name == "rope.cos_cache"), None)
+    if table is None:
+        raise ExportError(f"{graph}: no rope.cos_cache table (not ingot's decoder graph)")
+    return int(table.dims[0])
+
+
 def _validate(cfg: ModelConfig, max_seq_len: int, kv_dtype: str, kv_block_size: int) -> None:
     if cfg.rope.type == "dynamic":
         raise ExportError(
             "export: dynamic NTK RoPE cannot be exported: its frequencies change with the "
             "longest position of each call, so keys already rotated into the paged KV cache "
             "would no longer match the queries. Use default, linear or llama3 RoPE scaling."
-        )
-    if cfg.rope.type == "longrope" and max_seq_len > cfg.rope.original_max_position_embeddings:
-        raise ExportError(
-            f"export.max_seq_len: {max_seq_len} exceeds the longrope "
-            f"original_max_position_embeddings {cfg.rope.original_max_position_embeddings} "
-            "(the graph's one RoPE table would rotate every sequence with the long factors)"
         )
     if not 0 < max_seq_len <= cfg.max_position_embeddings:
         raise ExportError(

@@ -70,23 +70,11 @@ def quantize_problems(entries: Sequence[Quantize], cfg: ModelConfig, path: str) 
 def _check_max_seq_len(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     limit = cfg.max_position_embeddings
     if recipe.export.max_seq_len <= limit:
-        return _check_longrope(recipe.export.max_seq_len, cfg)
+        return []
     what = f"exceeds max_position_embeddings {limit} of the source model"
     return [format_problem("export.max_seq_len", what, recipe.export.max_seq_len, f"<= {limit}")]
 
 
-def _check_longrope(max_seq_len: int, cfg: ModelConfig) -> list[str]:
-    # LongRoPE switches to its long factors for a sequence past the original context; the
-    # graph holds one table for every sequence (rope.py), which would rotate short ones
-    # with the long factors too, unlike the model as trained and transformers.
-    original = cfg.rope.original_max_position_embeddings
-    if cfg.rope.type != "longrope" or max_seq_len <= original:
-        return []
-    what = (
-        f"exceeds the longrope original_max_position_embeddings {original} of the source "
-        "model (past it the long factors would rotate every sequence, short ones included)"
-    )
-    return [format_problem("export.max_seq_len", what, max_seq_len, f"<= {original}")]
 
 
 def _check_patterns(at: str, entry: Quantize, modules: list[str], fused: list[str]) -> list[str]:
