@@ -23,11 +23,13 @@ from ingot.pipeline.quantize.apply import quantize_model
 from ingot.pipeline.quantize.checkpoint import save_ir
 from ingot.pipeline.recipe import RecipeError, load_recipe
 from ingot.pipeline.recipe.quantize import quantize_entry
+from ingot.runtime import LoadedModel, SamplingParams
 
-from fixtures import write_recipe
+from fixtures import with_openvino, write_recipe
 from harness import (
     GPTQ_W4,
     MAX_DELTA,
+    PROMPTS,
     W8A8,
     WINDOW,
     assert_ir_matches_transformers,
@@ -92,13 +94,23 @@ def test_engine_greedy_matches_transformers(checkpoint, tmp_path):
     these lengths). untied: a recipe naming the checkpoint's fused modules and max_seq_len past
     the original context: the graph's one table then holds the long factors for every
     position (llama.cpp's rule: the context decides once), and the reference is transformers
-    made to take them at every length."""
+    made to take them at every length. OpenVINO's rebuild of the graph (partial rotary from
+    the graph's table) generates the same tokens."""
     tied = ModelConfig.from_dir(checkpoint).tie_word_embeddings
-    recipe = None if tied else {"quantize": FUSED_NAMES, "export": {"max_seq_len": 2 * ORIGINAL}}
+    recipe = {"kv_cache": {"dtype": "fp32", "block_size": 32}}  # OpenVINO's CPU blocks
+    if not tied:
+        recipe |= {"quantize": FUSED_NAMES, "export": {"max_seq_len": 2 * ORIGINAL}}
     runs = engine_and_reference(checkpoint, tmp_path, recipe)
     assert max(len(prompt) for prompt, _, _ in runs) > WINDOW  # a prompt past the window
     manifest = json.loads((tmp_path / "artifact" / "manifest.json").read_text())
     assert manifest["model"]["quantization"][0]["modules"] == 7 * 2  # q k v o gate up down
+    openvino = LoadedModel.load(
+        with_openvino(tmp_path / "artifact", tmp_path / "ov"), engine="openvino"
+    )
+    greedy = SamplingParams(max_tokens=len(runs[0][1]), temperature=0.0, ignore_eos=True)
+    assert [list(c.token_ids) for c in openvino.generator().generate(PROMPTS, greedy)] == [
+        engine for _, engine, _ in runs
+    ]
     if tied:
         for prompt, engine, reference in runs:
             assert engine == reference, prompt
