@@ -23,18 +23,20 @@ from ingot.pipeline.quantize.apply import quantize_model
 from ingot.pipeline.quantize.checkpoint import save_ir
 from ingot.pipeline.recipe import RecipeError, load_recipe
 from ingot.pipeline.recipe.quantize import quantize_entry
-from ingot.runtime import LoadedModel, SamplingParams
 
-from fixtures import with_openvino, write_recipe
+from fixtures import write_recipe
 from harness import (
-    GPTQ_W4,
+    EAGLE,
     MAX_DELTA,
-    PROMPTS,
-    W8A8,
+    MEDUSA,
+    SCHEMES,
     WINDOW,
+    _greedy,  # transformers' greedy tokens, a full forward per token
     assert_ir_matches_transformers,
+    compressed_tensors_and_ir,
     engine_and_reference,
     gated_build,
+    speculative_and_plain,
     tiny_checkpoint,
     trained_checkpoint,
 )
@@ -55,6 +57,12 @@ FEATURES = dict(
     max_position_embeddings=4 * ORIGINAL,
     sliding_window=WINDOW,
 )
+TRAINED = {
+    **FEATURES,
+    "original_max_position_embeddings": 256,
+    "sliding_window": 64,
+    "num_hidden_layers": 3,
+}
 # The recipe naming the checkpoint's fused modules (qkv_proj, gate_up_proj), as one written
 # for llm-compressor on Phi-3 does; the IR's own names (q_proj, ...) are write_recipe's default.
 FUSED_NAMES = [
@@ -88,41 +96,28 @@ def test_ir_logits_match_transformers(checkpoint, seq_len):
     assert_ir_matches_transformers(checkpoint, seq_len=seq_len)
 
 
-def test_engine_greedy_matches_transformers(checkpoint, tmp_path):
+def test_engines_greedy_match_transformers(checkpoint, tmp_path):
     """tied: a recipe naming the IR's linears (write_recipe's RTN over all of them) and
     export.max_seq_len within the original context (the short factors, as transformers at
     these lengths). untied: a recipe naming the checkpoint's fused modules and max_seq_len past
     the original context: the graph's one table then holds the long factors for every
     position (llama.cpp's rule: the context decides once), and the reference is transformers
-    made to take them at every length. OpenVINO's rebuild of the graph (partial rotary from
-    the graph's table) generates the same tokens."""
+    made to take them at every length. Both engines: ONNX Runtime runs the graph's
+    RotaryEmbedding (rotary_embedding_dim), OpenVINO's rebuild rotates from its table."""
     tied = ModelConfig.from_dir(checkpoint).tie_word_embeddings
-    recipe = {"kv_cache": {"dtype": "fp32", "block_size": 32}}  # OpenVINO's CPU blocks
-    if not tied:
-        recipe |= {"quantize": FUSED_NAMES, "export": {"max_seq_len": 2 * ORIGINAL}}
+    recipe = None if tied else {"quantize": FUSED_NAMES, "export": {"max_seq_len": 2 * ORIGINAL}}
     runs = engine_and_reference(checkpoint, tmp_path, recipe)
     assert max(len(prompt) for prompt, _, _ in runs) > WINDOW  # a prompt past the window
     manifest = json.loads((tmp_path / "artifact" / "manifest.json").read_text())
     assert manifest["model"]["quantization"][0]["modules"] == 7 * 2  # q k v o gate up down
-    openvino = LoadedModel.load(
-        with_openvino(tmp_path / "artifact", tmp_path / "ov"), engine="openvino"
-    )
-    greedy = SamplingParams(max_tokens=len(runs[0][1]), temperature=0.0, ignore_eos=True)
-    assert [list(c.token_ids) for c in openvino.generator().generate(PROMPTS, greedy)] == [
-        engine for _, engine, _ in runs
-    ]
-    if tied:
-        for prompt, engine, reference in runs:
-            assert engine == reference, prompt
-        return
-    ref = _long_factors_only(tmp_path / "dequantized", tmp_path / "long-only")
-    for prompt, engine, _ in runs:
-        seq = list(prompt)
-        with torch.no_grad():
-            for _ in engine:
-                seq.append(int(ref(torch.tensor([seq])).logits[0, -1].argmax()))
-        assert engine == seq[len(prompt) :], prompt
-    assert any(engine != short for _, engine, short in runs)  # the factors matter here
+    if not tied:
+        ref = _long_factors_only(tmp_path / "dequantized", tmp_path / "long-only")
+        short = [reference for _, _, reference in runs]
+        runs = [(prompt, engines, _greedy(ref, prompt, 32)) for prompt, engines, _ in runs]
+        assert short != [reference for _, _, reference in runs]  # the factors matter here
+    for prompt, engines, reference in runs:
+        for engine, tokens in engines.items():
+            assert tokens == reference, (engine, prompt)
 
 
 def _long_factors_only(dequantized: Path, out: Path) -> torch.nn.Module:
@@ -166,6 +161,12 @@ def test_config_refuses_factors_that_do_not_fit(tmp_path):
         ModelConfig.from_hf(config)
 
 
+def test_transformers_runs_the_compressed_tensors_export(checkpoint, tmp_path):
+    """qkv_proj / gate_up_proj written stacked, as transformers' Phi3 builds them."""
+    theirs, ours = compressed_tensors_and_ir(checkpoint, tmp_path)
+    torch.testing.assert_close(theirs, ours, atol=1e-4 * float(ours.abs().max()), rtol=0)
+
+
 def _quantized_ir(ckpt: Path, out: Path):
     """The IR of `ckpt` with RTN int4 g32 on the fused names (lm_head float), saved at `out`."""
     model = load_model(ckpt)
@@ -173,20 +174,6 @@ def _quantized_ir(ckpt: Path, out: Path):
     out.mkdir()
     save_ir(model, out)
     return model
-
-
-def test_compressed_tensors_loads_in_transformers_with_the_fused_names(checkpoint, tmp_path):
-    model = _quantized_ir(checkpoint, tmp_path / "ir")
-    write_interop("compressed-tensors", tmp_path / "ir", checkpoint, tmp_path / "ct")
-    header = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
-    assert "model.layers.1.self_attn.qkv_proj" not in header["ignore"]
-    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ct", dtype=torch.float32).eval()
-    ids = torch.randint(0, 320, (1, 48), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want, got = model(ids)[0], hf(ids).logits
-    # The copy holds fp16 norms and float tensors: 1e-3 of the logits' scale, where a wrong
-    # stacking order or a missing attention factor is off by the scale itself.
-    assert float((got - want).abs().max()) < 3e-3 * float(want.abs().max())
 
 
 def test_gguf_runs_in_llama_cpp_as_phi3(tmp_path):
@@ -223,14 +210,40 @@ def test_gguf_runs_in_llama_cpp_as_phi3(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    # Within the original context (the gate's windows and max_seq_len 256): short factors,
-    # as the model trained with.
-    features = {**FEATURES, "original_max_position_embeddings": 256, "sliding_window": 64}
-    return trained_checkpoint(tmp_path_factory.mktemp("phi3-trained"), "phi3", **features)
+    # Three layers (EAGLE-3 reads three); within the original context (the gate's windows,
+    # max_seq_len 256): the short factors, as the model trained with.
+    return trained_checkpoint(tmp_path_factory.mktemp("phi3-trained"), "phi3", **TRAINED)
 
 
-@pytest.mark.parametrize("scheme", ["gptq-w4", "w8a8"])
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
 def test_quantized_builds_pass_the_gate(trained, tmp_path, scheme):
-    report = gated_build(trained, tmp_path, GPTQ_W4 if scheme == "gptq-w4" else W8A8)
+    quantize, fields = SCHEMES[scheme]
+    report = gated_build(trained, tmp_path, quantize, **fields)
     assert report["original"] < 100  # trained: far below the 512-token vocabulary's uniform
     assert report["engine_delta"] < MAX_DELTA
+
+
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory):
+    """A smaller Phi-3 on the same tokenizer: one layer, trained alike."""
+    path = tmp_path_factory.mktemp("phi3-draft")
+    return trained_checkpoint(path, "phi3", steps=150, **{**TRAINED, "num_hidden_layers": 1})
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa", "draft_model"])
+def test_speculative_decoding_equals_plain(trained, draft, tmp_path, method):
+    """EAGLE-3's draft is a Llama layer: it rotates with plain RoPE of the target's base
+    (eagle3.py), which its training learns (60 steps: at the harness's 20 this draft has not
+    yet had a token accepted)."""
+    spec = {
+        "eagle": {**EAGLE, "heads": {"train": {**EAGLE["heads"]["train"], "steps": 60}}},
+        "medusa": MEDUSA,
+        "draft_model": {
+            "method": "draft_model",
+            "num_speculative_tokens": 3,
+            "draft": {"source": {"path": str(draft)}},
+        },
+    }[method]
+    got, want, stats = speculative_and_plain(trained, tmp_path, spec)
+    assert got == want
+    assert stats.num_draft_tokens >= stats.num_accepted_tokens > 0  # Medusa: all, here
