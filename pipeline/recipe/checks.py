@@ -75,8 +75,6 @@ def _check_max_seq_len(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     return [format_problem("export.max_seq_len", what, recipe.export.max_seq_len, f"<= {limit}")]
 
 
-
-
 def _check_patterns(at: str, entry: Quantize, modules: list[str], fused: list[str]) -> list[str]:
     # A pattern that matches nothing is almost always a typo ("layers.0.atn.q_proj"). The
     # fused tensors a family stores linears in (Phi-3's qkv_proj) are names too.
