@@ -31,6 +31,7 @@ VARIANTS = {
     "llama-tied": {"tie_word_embeddings": True},
     "qwen2": {"model_type": "qwen2"},
     "mistral": {"model_type": "mistral", "sliding_window": 16},
+    "phi3": {"model_type": "phi3", "partial_rotary_factor": 0.75},
     "qwen3": {"model_type": "qwen3", "head_dim": 24, "attention_bias": True},
 }
 
