@@ -20,7 +20,7 @@ from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
 
 from .engines import ENGINE_BUILDERS
 from .engines.base import EngineSizing, EngineTarget, engine_name
-from .model.architecture import LAYER_LINEARS, linear_names, linear_shape
+from .model.architecture import LAYER_LINEARS, fused_names, linear_names, linear_shape
 from .model.config import ConfigError, ModelConfig
 from .model.selection import selected
 from .preflight import with_model_defaults
@@ -495,7 +495,7 @@ def _precision(shapes: _Shapes, recipe: Recipe, entries: Sequence[Quantize]) -> 
     work = LayerWork(tuple(shapes.linears()), tokens, forward)
     trials, passes, flops = 0, 0.0, 0.0
     for entry in entries:
-        for unit in units_of(selected(entry, linear_names(c)), c):
+        for unit in units_of(selected(entry, linear_names(c), fused_names(c)), c):
             for candidate in method_of(entry).nested(entry).values():
                 after = c.num_layers - unit.layer - 1
                 costs = method_of(candidate).layer_costs(candidate, work)

@@ -33,6 +33,7 @@ __all__ = [
     "MODEL_FAMILIES",
     "Biases",
     "Dim",
+    "FusedLinear",
     "Gguf",
     "LayerLinear",
     "LayerSpec",
@@ -103,6 +104,17 @@ class LayerSpec:
             if linear.name == local:
                 return linear
         raise KeyError(local)
+
+
+@dataclass(frozen=True, slots=True)
+class FusedLinear:
+    """One checkpoint tensor stacking several of the layer's linears along the output rows
+    (Phi-3's qkv_proj = [q; k; v]). The IR keeps the parts as linears of their own; the
+    reader splits the tensor, the interop writers stack the parts again, and a recipe pattern
+    naming the fused tensor selects its parts."""
+
+    name: str  # inside the layer, as the IR would name it: "attn.qkv_proj"
+    parts: tuple[str, ...]  # the layer's linears it stacks, in row order
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +191,9 @@ class Gguf:
 
     arch: str  # general.architecture: "llama", "qwen2"
     permute_rotated: bool
+    # The rope_type values llama.cpp runs for this architecture (the writer stores their
+    # tables: llama3's rope_freqs, longrope's rope_factors_long / _short).
+    rope_scalings: tuple[str, ...] = ("default", "linear", "llama3")
     # llama.cpp runs this architecture's sliding-window layers, mixed with global ones as
     # attention.sliding_window_pattern says, rotating by rope.freq_base_swa (Gemma 3); False:
     # it runs no window (a binding one is refused).
@@ -206,6 +221,8 @@ class ModelFamily:
     rope_scalings: tuple[str, ...] = ("default", "linear", "dynamic", "llama3")
     tie_default: bool = False  # tie_word_embeddings when config.json does not say
     gguf: Gguf | None = None  # None: llama.cpp has no architecture for it
+    # Checkpoint tensors that stack several of the layer's linears (none: one tensor each).
+    fused: tuple[FusedLinear, ...] = ()
     # The embedding's rows are multiplied by sqrt(hidden_size) (Gemma), before the first layer
     # only: a tied lm_head computes with the table as stored.
     scale_embedding: bool = False
@@ -221,6 +238,10 @@ class ModelFamily:
     # is refused when its config is read (Gemma's logit soft-capping).
     unsupported_keys: tuple[str, ...] = ()
 
+    def fused_of(self, local: str) -> FusedLinear | None:
+        """The fused tensor a linear of the layer (`attn.q_proj`) is stored in, if any."""
+        return next((f for f in self.fused if local in f.parts), None)
+
     @property
     def qk_norm(self) -> bool:
         """Whether q and k are normed per head before RoPE (`LayerSpec.head_norms`)."""
@@ -233,6 +254,7 @@ MODEL_FAMILIES: Registry[ModelFamily] = Registry(
         "llama": "ingot.pipeline.model.families.llama",
         "mistral": "ingot.pipeline.model.families.mistral",
         "qwen2": "ingot.pipeline.model.families.qwen2",
+        "phi3": "ingot.pipeline.model.families.phi3",
         "qwen3": "ingot.pipeline.model.families.qwen3",
         "gemma3_text": "ingot.pipeline.model.families.gemma3",
     },

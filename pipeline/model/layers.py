@@ -100,6 +100,7 @@ class Attention(nn.Module):
             cfg.num_kv_heads,
             cfg.head_dim,
         )
+        self.rotary_dim = cfg.rotated_dim  # the leading channels of a head RoPE rotates
         self.scale = cfg.attention_scale
         self.q_proj = _linear(cfg, "attn.q_proj")
         self.k_proj = _linear(cfg, "attn.k_proj")

@@ -40,7 +40,7 @@ from ..model.config import ModelConfig, RopeConfig
 from ..model.layers import DecoderLayer
 from ..model.llama import rope_tables, window_masks
 from ..model.qlinear import dequantize_in_place, dequantized, replace_module
-from ..model.selection import entry_for
+from ..model.selection import Holder, entry_for
 from .method import CHANNEL_SAMPLE_TOKENS, Group, GroupInputs, Observation, QuantEntry, method_of
 from .threads import solver_threads
 
@@ -83,12 +83,15 @@ def round_linears(module: nn.Module, plan: Mapping[str, QuantEntry]) -> None:
                 replace_module(module, name, rounded)
 
 
-def layer_plan(i: int, entries: Sequence[QuantEntry]) -> LayerPlan:
-    """Which entry quantizes each linear of layer i (the recipe checks allow one)."""
+def layer_plan(
+    i: int, entries: Sequence[QuantEntry], fused: Mapping[str, Holder] | None = None
+) -> LayerPlan:
+    """Which entry quantizes each linear of layer i (the recipe checks allow one); `fused`:
+    the fused tensors holding linears, which patterns may name (`architecture.fused_names`)."""
     plan = {}
     for group in LAYER_GROUPS:
         for name in group:
-            entry = entry_for(f"layers.{i}.{name}", entries)
+            entry = entry_for(f"layers.{i}.{name}", entries, fused)
             if entry is not None:
                 plan[name] = entry
     return plan

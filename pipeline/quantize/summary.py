@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..model.selection import embedding_entry, selected
+from ..model.selection import Holder, embedding_entry, selected
 from .method import QuantEntry, method_of
 
 __all__ = ["summaries"]
@@ -17,12 +17,14 @@ def summaries(
     entries: Sequence[QuantEntry],
     names: Iterable[str],
     searched: Mapping[int, dict[str, Any]] | None = None,
+    fused: Mapping[str, Holder] | None = None,
 ) -> list[dict[str, Any]]:
     """One record per entry: what its method records of it (`QuantMethod.record`: the settings
     as the recipe states them), plus how many of the linears `names` it selects, the
     embedding counting as one (written to quantize.json, then the manifest). `searched`:
     {index: the search's record} of entries resolved before the walk (`Resolution.record`,
-    with its `resolved` entries' records)."""
+    with its `resolved` entries' records). `fused`: the fused tensors holding linears
+    (`architecture.fused_names`), which patterns may name."""
     names, searched = list(names), searched or {}
     records = []
     for i, e in enumerate(entries):
@@ -33,5 +35,5 @@ def summaries(
             records.append({**record, **found, "modules": modules})
         else:
             embedding = embedding_entry([e]) is not None  # never among `names` (linears)
-            records.append({**record, "modules": len(selected(e, names)) + embedding})
+            records.append({**record, "modules": len(selected(e, names, fused)) + embedding})
     return records

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from ingot.calibration.dataset import CalibrationSet
 
 from ..device import DeviceSettings
-from ..model.architecture import linear_names
+from ..model.architecture import fused_names, linear_names
 from ..model.load import CheckpointReader
 from ..quantize.driver import quantize_layers
 from ..quantize.layerwise import needs_calibration
@@ -130,7 +130,10 @@ def run_quantize(
         if work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     records = summaries(
-        entries, linear_names(source.cfg), resolved.records() if resolved is not None else None
+        entries,
+        linear_names(source.cfg),
+        resolved.records() if resolved is not None else None,
+        fused_names(source.cfg),
     )
     if resolved is not None:
         (out / QuantizeOutput.RESOLVED).write_text(json.dumps(resolved.lock_entry()) + "\n")
