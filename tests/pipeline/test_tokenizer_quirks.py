@@ -232,18 +232,23 @@ def _special(tokens: dict[int, str]) -> dict[str, dict]:
     return {str(i): {"content": content, "special": True} for i, content in tokens.items()}
 
 
-def test_padding_and_config_only_tokens_in_gguf_the_artifact_and_the_runtime(tmp_path):
-    """tokenizer.json: 3000 BPE tokens and <|endoftext|> (3000); tokenizer_config.json adds
-    <|im_end|> (3001, special) as older checkpoints do; vocab_size 3072 pads 70 ids."""
-    source = quirky_checkpoint(tmp_path / "padded", bpe=3000, vocab_size=3072, eos_token_id=3000)
-    added = {
-        "3000": {"content": EOT, "special": True},
-        "3001": {"content": IM_END, "special": True},
-    }
+@pytest.fixture(scope="module")
+def padded(tmp_path_factory) -> tuple[Path, Path]:
+    """(checkpoint, artifact): tokenizer.json holds 3000 BPE tokens and <|endoftext|> (3000);
+    tokenizer_config.json adds <|im_end|> (3001, special) as older checkpoints do; vocab_size
+    3072 pads 70 ids past the tokenizer."""
+    work = tmp_path_factory.mktemp("padded")
+    source = quirky_checkpoint(work / "ckpt", bpe=3000, vocab_size=3072, eos_token_id=3000)
+    added = _special({3000: EOT, 3001: IM_END})
     edit_json(source / "tokenizer_config.json", added_tokens_decoder=added)
-    recipe = write_recipe(tmp_path / "r.yaml", source, interop=["gguf"])
-    artifact = build(recipe, tmp_path / "art", cache=StageCache(tmp_path / "c")).artifact
-    reader = gguf.GGUFReader(artifact / "interop" / "gguf" / GGUF_FILE)
+    recipe = write_recipe(work / "r.yaml", source, interop=["compressed-tensors", "gguf"])
+    return source, build(recipe, work / "art", cache=StageCache(work / "c")).artifact
+
+
+def test_padded_ids_and_config_tokens_in_the_gguf_and_llama_cpp(padded):
+    _, artifact = padded
+    path = artifact / "interop" / "gguf" / GGUF_FILE
+    reader = gguf.GGUFReader(path)
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     types = reader.fields["tokenizer.ggml.token_type"].contents()
     assert tokens[3000:3002] == [EOT, IM_END]
@@ -251,6 +256,23 @@ def test_padding_and_config_only_tokens_in_gguf_the_artifact_and_the_runtime(tmp
     assert tokens[3002:] == [f"[PAD{i}]" for i in range(3002, 3072)]
     assert set(types[3002:]) == {gguf.TokenType.UNUSED}
     assert reader.fields["tokenizer.ggml.eos_token_id"].contents() == 3000
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, verbose=False)
+    assert llm.n_vocab() == 3072 and llm.token_eos() == 3000
+    assert llm.tokenize(f"a{IM_END}".encode(), add_bos=False, special=True)[-1] == 3001
+
+
+def test_padded_ids_and_config_tokens_in_transformers(padded):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = padded[1] / "interop" / "compressed-tensors"
+    assert AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids(IM_END) == 3001
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert model.get_input_embeddings().num_embeddings == 3072
+
+
+def test_padded_ids_and_config_tokens_in_the_runtime(padded):
+    source, artifact = padded
     shipped = json.loads((artifact / "tokenizer.json").read_text())["added_tokens"]
     assert [(t["id"], t["content"], t["special"]) for t in shipped] == [
         (3000, EOT, True),
@@ -261,14 +283,14 @@ def test_padding_and_config_only_tokens_in_gguf_the_artifact_and_the_runtime(tmp
     assert tokenizer.decode([100, 3001, 3050, 101]) == tokenizer.decode([100, 101])
     decoder = tokenizer.incremental_decoder()
     assert [decoder.step(t) for t in (3050, 3071)] == ["", ""]  # padded ids: no text
+    # the checkpoint's own tokenizer.json (read alone) lacks it: what the build added
+    plain = json.loads((source / "tokenizer.json").read_text())["added_tokens"]
+    assert [t["content"] for t in plain] == [EOT]
 
 
 def test_a_config_token_the_tokenizer_puts_elsewhere_is_refused(issue_example, tmp_path):
     source = _copy(issue_example, tmp_path)
-    added = {
-        "3072": {"content": EOT, "special": True},
-        "3080": {"content": IM_END, "special": True},
-    }
+    added = _special({3072: EOT, 3080: IM_END})
     edit_json(source / "tokenizer_config.json", added_tokens_decoder=added)
     line = _refused(tmp_path, source)
     assert line == (
