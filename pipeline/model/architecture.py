@@ -126,14 +126,15 @@ def linear_names(cfg: ModelConfig) -> list[str]:
 
 
 def parameter_count(cfg: ModelConfig) -> int:
-    """The model's parameters: every layer's linears (biases included) and norms, the final
-    norm, the embedding, and lm_head unless tied."""
+    """The model's parameters: every layer's linears (biases included) and norms (per-head
+    q/k norms too), the final norm, the embedding, and lm_head unless tied."""
     layer = sum(
         dim_size(cfg, m.in_dim) * dim_size(cfg, m.out_dim)
         + (dim_size(cfg, m.out_dim) if has_bias(cfg, m) else 0)
         for m in cfg.family.layer.linears
     )
-    norms = len(cfg.family.layer.norms) * cfg.hidden_size
+    layer_spec = cfg.family.layer
+    norms = len(layer_spec.norms) * cfg.hidden_size + len(layer_spec.head_norms) * cfg.head_dim
     table = cfg.vocab_size * cfg.hidden_size
     head = 0 if cfg.tie_word_embeddings else table
     return cfg.num_layers * (layer + norms) + cfg.hidden_size + table + head

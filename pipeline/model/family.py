@@ -84,6 +84,9 @@ class LayerSpec:
     norms: tuple[str, ...]  # the layer's norms (IR names inside the layer), in model order
     folds: tuple[ScaleFold, ...]  # in compute order
     rotated: tuple[str, ...]  # the linears whose outputs RoPE rotates, per head
+    # Norms over head_dim applied per head to q and k before RoPE (Qwen3, Gemma 3: IR names
+    # "attn.q_norm", "attn.k_norm"), not fold sources: they sit after the projections.
+    head_norms: tuple[str, ...] = ()
 
     @property
     def norm_groups(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -187,6 +190,11 @@ class ModelFamily:
     tie_default: bool = False  # tie_word_embeddings when config.json does not say
     gguf: Gguf | None = None  # None: llama.cpp has no architecture for it
 
+    @property
+    def qk_norm(self) -> bool:
+        """Whether q and k are normed per head before RoPE (`LayerSpec.head_norms`)."""
+        return bool(self.layer.head_norms)
+
 
 MODEL_FAMILIES: Registry[ModelFamily] = Registry(
     "model family",
@@ -194,6 +202,7 @@ MODEL_FAMILIES: Registry[ModelFamily] = Registry(
         "llama": "ingot.pipeline.model.families.llama",
         "mistral": "ingot.pipeline.model.families.mistral",
         "qwen2": "ingot.pipeline.model.families.qwen2",
+        "qwen3": "ingot.pipeline.model.families.qwen3",
     },
     group="ingot.model_families",
 )
