@@ -30,7 +30,7 @@ from ingot.artifacts.signing import sign_artifact
 
 from ..chat_template import chat_template_of
 from ..manifest_fields import eval_and_interop_fields, manifest_fields, speculative_fields
-from ..vocabulary_fit import artifact_tokenizer_json
+from ..vocabulary_fit import artifact_tokenizer_json, bos_eos_tokens
 from .eagle import EagleOutput
 from .graph import BuildOutputs
 from .heads import HeadsOutput
@@ -122,9 +122,12 @@ def run_package(
         if template is not None:
             (tmp / "chat_template.jinja").write_text(template)
         fields = _fields(package)
+        bos, eos = bos_eos_tokens(source)  # what the template renders as bos / eos_token
         fields["tokenizer"] = {
             **fields["tokenizer"],
             "chat_template": "chat_template.jinja" if template is not None else None,
+            "bos_token": bos,
+            "eos_token": eos,
         }
         lock_bytes = (json.dumps(package.lock, indent=2, sort_keys=True) + "\n").encode()
         (tmp / "ingot.lock").write_bytes(lock_bytes)

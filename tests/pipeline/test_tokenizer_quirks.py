@@ -279,6 +279,7 @@ def test_padded_ids_and_config_tokens_in_the_runtime(padded):
         (3001, IM_END, True),
     ]
     tokenizer = LoadedModel.load(artifact).tokenizer
+    assert (tokenizer.bos_token, tokenizer.eos_token) == (None, EOT)  # tokenizer_config.json's
     assert tokenizer.encode(f"a{IM_END}")[-1] == 3001
     assert tokenizer.decode([100, 3001, 3050, 101]) == tokenizer.decode([100, 101])
     decoder = tokenizer.incremental_decoder()
