@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .chat_template import chat_template_of
 from .export import decoder
 from .interop.checks import interop_problems
 from .interop.gguf_vocab import gguf_vocabulary_problems
@@ -24,7 +25,7 @@ from .recipe import Recipe, RecipeError
 from .recipe.checks import model_problems, quantize_problems
 from .recipe.embedding import default_entry
 from .vocabulary import vocabulary_differences
-from .vocabulary_fit import data_token_problems, tokenizer_problems
+from .vocabulary_fit import data_token_problems, tokenizer_config_problems, tokenizer_problems
 
 __all__ = [
     "check_data_against_model",
@@ -62,18 +63,26 @@ def check_tokenizer_against_model(
 ) -> None:
     """Raise RecipeError listing every way the checkpoint's tokenizer (at `source`) cannot
     serve its model (vocabulary_fit.py), or cannot be written into a GGUF file the recipe's
-    interop asks for; `chat_template`: the one the artifact ships (the recipe's
-    artifact.chat_template, else the checkpoint's)."""
-    shipped = None
-    if chat_template is not None:
-        jinja = source / "chat_template.jinja"
-        where = jinja if jinja.is_file() else source / "tokenizer_config.json"
-        where = "artifact.chat_template" if recipe.artifact.chat_template else str(where)
-        shipped = (where, chat_template)
-    problems = tokenizer_problems(source, cfg, shipped)
+    interop asks for; `chat_template`: the recipe's artifact.chat_template text (None: the
+    artifact ships the checkpoint's, if it has one)."""
+    problems = tokenizer_config_problems(source)
+    if not problems:  # a readable tokenizer_config.json whose ids agree: the tokenizer is known
+        problems = tokenizer_problems(source, cfg, _shipped_template(recipe, source, chat_template))
     if "gguf" in recipe.interop:
         problems += gguf_vocabulary_problems(source, cfg)
     _raise(problems, recipe_file)
+
+
+def _shipped_template(
+    recipe: Recipe, source: Path, chat_template: str | None
+) -> tuple[str, str] | None:
+    """(where it comes from, its text) of the chat template the artifact ships."""
+    if chat_template is not None:
+        return "artifact.chat_template", chat_template
+    template = chat_template_of(source)
+    jinja = source / "chat_template.jinja"
+    where = jinja if jinja.is_file() else source / "tokenizer_config.json"
+    return None if template is None else (str(where), template)
 
 
 def check_data_against_model(

@@ -40,7 +40,13 @@ from ingot.runtime.tokenizer import (
 from .model.config import ModelConfig
 from .source import read_config_file
 
-__all__ = ["artifact_tokenizer_json", "bos_eos_tokens", "data_token_problems", "tokenizer_problems"]
+__all__ = [
+    "artifact_tokenizer_json",
+    "bos_eos_tokens",
+    "data_token_problems",
+    "tokenizer_config_problems",
+    "tokenizer_problems",
+]
 
 # A conversation the chat-template check renders: every role a template commonly writes.
 _CONVERSATION = [
@@ -55,10 +61,8 @@ def tokenizer_problems(
     source: Path, cfg: ModelConfig, chat_template: tuple[str, str] | None
 ) -> list[str]:
     """One line per way the checkpoint at `source` has a tokenizer its model cannot use;
-    `chat_template`: (where it comes from, its text), the template the artifact ships."""
-    problems = _config_token_problems(source)
-    if problems:  # the tokenizer below would be another than the one named
-        return problems
+    `chat_template`: (where it comes from, its text), the template the artifact ships. Run
+    after `tokenizer_config_problems` found none (the tokenizer read here would be another)."""
     file = source / "tokenizer.json"
     tokenizer = load_tokenizer(file)
     beyond = {
@@ -66,7 +70,7 @@ def tokenizer_problems(
         for token, token_id in tokenizer.get_vocab(with_added_tokens=True).items()
         if token_id >= cfg.vocab_size
     }
-    problems += _model_ids(source, cfg, tokenizer)
+    problems = _model_ids(source, cfg, tokenizer)
     if not beyond:
         return problems
     for token_id in tokenizer.encode("").ids:  # what the post-processor adds to every prompt
@@ -103,13 +107,18 @@ def artifact_tokenizer_json(source: Path) -> str | None:
     return None if merged == Tokenizer.from_file(str(file)).to_str() else merged
 
 
-def _config_token_problems(source: Path) -> list[str]:
-    """tokenizer_config.json's added_tokens_decoder entries the tokenizer gives another id."""
+def tokenizer_config_problems(source: Path) -> list[str]:
+    """tokenizer_config.json unreadable, or its added_tokens_decoder entries the tokenizer
+    gives another id: one line each."""
     file = source / "tokenizer_config.json"
     if not file.is_file():
         return []
     try:
-        added = json.loads(file.read_text(encoding="utf-8")).get("added_tokens_decoder") or {}
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return [f"{file}: cannot read it ({type(e).__name__}: {e})"]
+    try:
+        added = config.get("added_tokens_decoder") or {}
         tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
         problems = add_config_tokens(tokenizer, added)
     except (ValueError, KeyError, TypeError, AttributeError) as e:

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..chat_template import chat_template_of, recipe_chat_template
+from ..chat_template import recipe_chat_template
 from ..draft import DraftModel, resolve_draft
 from ..evaluate.speculative import SpeculativePrompts, speculative_prompts
 from ..evaluate.windows import EvalWindows, eval_windows
@@ -66,8 +66,7 @@ def prepare(recipe_path: str | Path) -> BuildInputs:
     eagle = resolve_eagle(recipe, recipe_path, cfg)  # and an EAGLE-3 draft
     sign_key = _sign_key(recipe, recipe_path)  # a missing key fails before any stage runs
     chat_template = recipe_chat_template(recipe, recipe_path)  # and a missing template
-    shipped = chat_template if chat_template is not None else chat_template_of(source.path)
-    check_tokenizer_against_model(recipe, cfg, source.path, shipped)  # and tokenizer quirks
+    check_tokenizer_against_model(recipe, cfg, source.path, chat_template)  # and its quirks
     evaluation = eval_windows(recipe, recipe_path, source.path)  # unreadable data fails here
     speculative = speculative_prompts(recipe, recipe_path, source.path)  # and too little of it
     calibration = prepare_calibration(recipe, recipe_path, source.path, cfg)  # and here

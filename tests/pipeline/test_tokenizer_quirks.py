@@ -319,3 +319,10 @@ def test_gguf_token_types_are_the_converters(issue_example, tmp_path):
         kinds.UNUSED,
     ]
     assert vocab.types[100] == kinds.NORMAL and vocab.dropped == {}
+
+
+def test_an_unreadable_tokenizer_config_json_is_one_line(issue_example, tmp_path):
+    source = _copy(issue_example, tmp_path)
+    (source / "tokenizer_config.json").write_text("{not json")
+    line = _refused(tmp_path, source)
+    assert line.startswith(f"{source / 'tokenizer_config.json'}: cannot read it (JSONDecodeError")
