@@ -61,12 +61,12 @@ def prepare(recipe_path: str | Path) -> BuildInputs:
     written = len(recipe.quantize)
     recipe = with_model_defaults(recipe, cfg)  # the stages, the lock and the checks see it
     check_recipe_against_model(recipe, cfg)
+    chat_template = recipe_chat_template(recipe, recipe_path)  # a missing template fails here
+    check_tokenizer_against_model(recipe, cfg, source.path, chat_template)  # and its quirks
     draft = resolve_draft(recipe, source, cfg)  # a draft that cannot serve fails here
     heads = resolve_heads(recipe, recipe_path, cfg)  # and attached Medusa heads
     eagle = resolve_eagle(recipe, recipe_path, cfg)  # and an EAGLE-3 draft
     sign_key = _sign_key(recipe, recipe_path)  # a missing key fails before any stage runs
-    chat_template = recipe_chat_template(recipe, recipe_path)  # and a missing template
-    check_tokenizer_against_model(recipe, cfg, source.path, chat_template)  # and its quirks
     evaluation = eval_windows(recipe, recipe_path, source.path)  # unreadable data fails here
     speculative = speculative_prompts(recipe, recipe_path, source.path)  # and too little of it
     calibration = prepare_calibration(recipe, recipe_path, source.path, cfg)  # and here
