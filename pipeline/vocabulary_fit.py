@@ -48,13 +48,14 @@ __all__ = [
     "tokenizer_problems",
 ]
 
-# A conversation the chat-template check renders: every role a template commonly writes.
-_CONVERSATION = [
-    {"role": "system", "content": "s"},
+# The conversations the chat-template check renders, the first one a template takes: every
+# role a template commonly writes, then without the system turn some templates refuse.
+_TURNS = [
     {"role": "user", "content": "u"},
     {"role": "assistant", "content": "a"},
     {"role": "user", "content": "u"},
 ]
+_CONVERSATIONS = ([{"role": "system", "content": "s"}, *_TURNS], _TURNS)
 
 
 def tokenizer_problems(
@@ -176,9 +177,16 @@ def _template_problems(
     where, template = chat_template
     try:
         tokenizer = TextTokenizer(source / "tokenizer.json", template, *bos_eos_tokens(source))
-        text = tokenizer.apply_chat_template(_CONVERSATION)
-    except (ArtifactError, ChatTemplateError):  # one that fails to compile or refuses this
-        return []  # conversation: the runtime's concern, not the vocabulary's
+    except ArtifactError:  # a template that does not compile: the runtime's concern
+        return []
+    for conversation in _CONVERSATIONS:
+        try:
+            text = tokenizer.apply_chat_template(conversation)
+            break
+        except ChatTemplateError:  # refused: try the next conversation
+            continue
+    else:
+        return []
     written = sorted({i for i in tokenizer.encode(text, add_special_tokens=False) if i in beyond})
     return [
         f"{where}: the chat template writes {beyond[i]!r} (tokenizer.json id {i}), beyond "

@@ -197,7 +197,10 @@ def test_a_bos_the_post_processor_adds_past_vocab_size_is_refused(issue_example,
 
 def test_a_chat_template_writing_it_is_refused(issue_example, tmp_path):
     source = _copy(issue_example, tmp_path)
-    template = "{% for m in messages %}{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    template = (  # one refusing a system turn, as some do: the check renders without one
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no') }}"
+        "{% endif %}{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    )
     edit_json(source / "tokenizer_config.json", chat_template=template)
     line = _refused(tmp_path, source)
     assert line.startswith(
