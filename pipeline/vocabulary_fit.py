@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -44,6 +43,7 @@ __all__ = [
     "artifact_tokenizer_json",
     "bos_eos_tokens",
     "data_token_problems",
+    "special_token_strings",
     "tokenizer_config_problems",
     "tokenizer_problems",
 ]
@@ -134,13 +134,22 @@ def tokenizer_config_problems(source: Path) -> list[str]:
 def bos_eos_tokens(source: Path) -> tuple[str | None, str | None]:
     """(bos, eos) token strings from the checkpoint's tokenizer_config.json, which chat
     templates render."""
+    named = special_token_strings(source)
+    return named.get("bos"), named.get("eos")
+
+
+def special_token_strings(source: Path) -> dict[str, str]:
+    """{"bos" | "eos" | "unk" | "pad": token} as the checkpoint's tokenizer_config.json names
+    them (a string, or an AddedToken's {"content": ...})."""
     file = source / "tokenizer_config.json"
     config = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
-
-    def text(value: Any) -> str | None:
-        return value.get("content") if isinstance(value, dict) else value
-
-    return text(config.get("bos_token")), text(config.get("eos_token"))
+    named = {}
+    for kind in ("bos", "eos", "unk", "pad"):
+        value = config.get(f"{kind}_token")
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            named[kind] = value
+    return named
 
 
 def _model_ids(source: Path, cfg: ModelConfig, tokenizer: Tokenizer) -> list[str]:

@@ -27,6 +27,7 @@ from typing import Any
 from ingot.runtime.tokenizer import load_tokenizer
 
 from ..model.config import ModelConfig
+from ..vocabulary_fit import special_token_strings
 from .errors import InteropError
 
 __all__ = ["GgufVocab", "gguf_vocabulary", "gguf_vocabulary_problems", "write_gguf_tokenizer"]
@@ -180,4 +181,10 @@ def write_gguf_tokenizer(writer, vocab: GgufVocab, source: Path, cfg: ModelConfi
         special = gguf.SpecialVocab(source, load_merges=True, n_vocab=cfg.vocab_size)
     finally:
         logger.setLevel(level)
+    # SpecialVocab finds tokenizer_config.json's bos / eos / unk / pad strings among
+    # tokenizer.json's added tokens only; one only in its added_tokens_decoder is in `vocab`
+    ids = {token: i for i, token in enumerate(vocab.tokens)}
+    for kind, token in special_token_strings(source).items():
+        if kind not in special.special_token_ids and token in ids:
+            special._set_special_token(kind, ids[token])  # as convert_hf_to_gguf sets them
     special.add_to_gguf(writer, quiet=True)

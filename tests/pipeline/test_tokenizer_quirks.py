@@ -20,7 +20,7 @@ import pytest
 from ingot.pipeline.build import build
 from ingot.pipeline.cache import StageCache
 from ingot.pipeline.interop.gguf import GGUF_FILE
-from ingot.pipeline.interop.gguf_vocab import gguf_vocabulary
+from ingot.pipeline.interop.gguf_vocab import gguf_vocabulary, write_gguf_tokenizer
 from ingot.pipeline.model.config import ModelConfig
 from ingot.pipeline.recipe import RecipeError
 from ingot.pipeline.stages.prepare import prepare
@@ -329,3 +329,20 @@ def test_an_unreadable_tokenizer_config_json_is_one_line(issue_example, tmp_path
     (source / "tokenizer_config.json").write_text("{not json")
     line = _refused(tmp_path, source)
     assert line.startswith(f"{source / 'tokenizer_config.json'}: cannot read it (JSONDecodeError")
+
+
+def test_a_gguf_eos_named_by_a_token_only_in_tokenizer_config_json(issue_example, tmp_path):
+    """gguf's SpecialVocab looks tokenizer_config.json's eos_token up in tokenizer.json's added
+    tokens only; one its added_tokens_decoder adds still gets its id."""
+    source = _copy(issue_example, tmp_path)
+    edit_json(source / "config.json", vocab_size=3080)
+    added = _special({3072: EOT, 3073: IM_END})
+    edit_json(source / "tokenizer_config.json", eos_token=IM_END, added_tokens_decoder=added)
+    cfg = ModelConfig.from_dir(source)
+    writer = gguf.GGUFWriter(tmp_path / "vocab.gguf", "qwen2")
+    write_gguf_tokenizer(writer, gguf_vocabulary(source, cfg), source, cfg)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(tmp_path / "vocab.gguf")
+    assert reader.fields["tokenizer.ggml.eos_token_id"].contents() == 3073
