@@ -57,12 +57,18 @@ TINY: dict[str, Any] = dict(
     pad_token_id=None,
 )
 WINDOW = 16  # the sliding window a family's test gives its local layers
-GPTQ_W4 = [
-    {"method": "gptq", "bits": 4, "group_size": 32, "symmetric": True, "ignore": ["lm_head"]}
-]
-W8A8 = [
-    {"method": "smoothquant", "weights": "gptq", "activations": "dynamic", "ignore": ["lm_head"]}
-]
+_HEAD_FLOAT = {"ignore": ["lm_head"]}
+GPTQ_W4 = [{"method": "gptq", "bits": 4, "group_size": 32, "symmetric": True, **_HEAD_FLOAT}]
+W8A8 = [{"method": "smoothquant", "weights": "gptq", "activations": "dynamic", **_HEAD_FLOAT}]
+AWQ_W4 = [{"method": "awq", "bits": 4, "group_size": 32, "symmetric": False, **_HEAD_FLOAT}]
+FP8 = [{"method": "fp8", "weights": "channel", "activations": "dynamic", **_HEAD_FLOAT}]
+# The schemes every family's gated builds run: (quantize, other recipe fields).
+SCHEMES: dict[str, tuple[list[dict], dict[str, Any]]] = {
+    "gptq-w4": (GPTQ_W4, {}),
+    "w8a8-int8-kv": (W8A8, {"kv_cache": {"dtype": "int8", "block_size": 16}}),
+    "awq-w4": (AWQ_W4, {}),
+    "fp8": (FP8, {}),
+}
 # Four prompts, the last longer than WINDOW tokens with fixtures.write_tokenizer's tokenizer.
 PROMPTS = [
     "def add(a, b):",
@@ -114,7 +120,8 @@ def trained_checkpoint(
     write_tokenizer(path, TRAINED_VOCAB, corpus=text.split("\n\n"))
     data = torch.tensor(Tokenizer.from_file(str(path / "tokenizer.json")).encode(text).ids)
     torch.manual_seed(0)
-    fields = {**TINY, "vocab_size": TRAINED_VOCAB, **config}
+    # Three layers: an EAGLE-3 draft reads three distinct layers of its target.
+    fields = {**TINY, "vocab_size": TRAINED_VOCAB, "num_hidden_layers": 3, **config}
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     rng = random.Random(0)
@@ -265,3 +272,41 @@ def compressed_tensors_and_ir(ckpt: Path, work: Path) -> tuple[torch.Tensor, tor
         for p in model.parameters():
             p.copy_(p.half().float())
         return hf(ids).logits, model(ids)[0]
+
+
+# The speculative sections `speculative_and_plain` builds: an EAGLE-3 layer and Medusa heads
+# trained briefly in the build, a draft model (a second trained checkpoint of the family).
+EAGLE = {
+    "method": "eagle",
+    "num_speculative_tokens": 3,
+    "heads": {"train": {"steps": 20, "batch_size": 8, "span": 64, "ttt_steps": 2, "seed": 0}},
+}
+MEDUSA = {
+    "method": "medusa",
+    "num_speculative_tokens": 3,
+    "heads": {"train": {"num_heads": 3, "steps": 60, "batch_size": 16, "seed": 0}},
+}
+
+
+def speculative_and_plain(
+    ckpt: Path, work: Path, speculative: dict[str, Any], max_tokens: int = 32
+) -> tuple[list[list[int]], list[list[int]], Any]:
+    """Build `ckpt` (RTN int4 g32, an exact onnxruntime target) with `speculative`, then
+    generate PROMPTS greedily with and without it: (speculative tokens, plain tokens, the
+    speculation's stats)."""
+    text = str(DEMO_TEXT)
+    fields = {
+        "targets": [EXACT_TARGETS["onnxruntime"]],
+        "calibration": {"dataset": text, "samples": 16, "seq_len": 128, "seed": 0},
+        "export": {"max_seq_len": 256},
+        "speculative": speculative,
+    }
+    work.mkdir(parents=True, exist_ok=True)
+    path = write_recipe(work / "recipe.yaml", ckpt, **fields)
+    artifact = build(path, work / "artifact", cache=StageCache(work / "cache")).artifact
+    greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    plain = LoadedModel.load(artifact, speculative_config=False).generator()
+    drafting = LoadedModel.load(artifact).generator()
+    want = [list(c.token_ids) for c in plain.generate(PROMPTS, greedy)]
+    got = [list(c.token_ids) for c in drafting.generate(PROMPTS, greedy)]
+    return got, want, drafting.speculation.stats
