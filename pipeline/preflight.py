@@ -1,5 +1,7 @@
 """Everything a recipe is checked against before any build work: the source model's config
-(and its model family's blocks), and a draft model's checkpoint against the target's.
+(and its model family's blocks), its tokenizer (vocabulary_fit.py; and the GGUF vocabulary
+when the recipe writes one), the token ids of its data, and a draft model's checkpoint
+against the target's.
 
 The recipe's own schema (pydantic) is checked when it loads; what needs the model's widths and
 module names is checked here, section by section, and reported together, one line a problem.
@@ -7,10 +9,15 @@ module names is checked here, section by section, and reported together, one lin
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
+from .chat_template import chat_template_of
 from .export import decoder
 from .interop.checks import interop_problems
+from .interop.gguf_vocab import gguf_vocabulary_problems
 from .model import layers
 from .model.config import ModelConfig
 from .model.family import ModelFamily
@@ -18,10 +25,13 @@ from .recipe import Recipe, RecipeError
 from .recipe.checks import model_problems, quantize_problems
 from .recipe.embedding import default_entry
 from .vocabulary import vocabulary_differences
+from .vocabulary_fit import data_token_problems, tokenizer_config_problems, tokenizer_problems
 
 __all__ = [
+    "check_data_against_model",
     "check_draft_against_target",
     "check_recipe_against_model",
+    "check_tokenizer_against_model",
     "family_problems",
     "with_model_defaults",
     "mixed_window_problems",
@@ -41,6 +51,50 @@ def check_recipe_against_model(
     problems += mixed_window_problems(cfg, "source", recipe)
     problems += model_problems(recipe, cfg) + interop_problems(recipe, cfg)
     _raise(problems, recipe_file)
+
+
+def check_tokenizer_against_model(
+    recipe: Recipe,
+    cfg: ModelConfig,
+    source: Path,
+    chat_template: str | None,
+    *,
+    recipe_file: str | None = None,
+) -> None:
+    """Raise RecipeError listing every way the checkpoint's tokenizer (at `source`) cannot
+    serve its model (vocabulary_fit.py), or cannot be written into a GGUF file the recipe's
+    interop asks for; `chat_template`: the recipe's artifact.chat_template text (None: the
+    artifact ships the checkpoint's, if it has one)."""
+    problems = tokenizer_config_problems(source)
+    if not problems:  # a readable tokenizer_config.json whose ids agree: the tokenizer is known
+        problems = tokenizer_problems(source, cfg, _shipped_template(recipe, source, chat_template))
+    if "gguf" in recipe.interop:
+        problems += gguf_vocabulary_problems(source, cfg)
+    _raise(problems, recipe_file)
+
+
+def _shipped_template(
+    recipe: Recipe, source: Path, chat_template: str | None
+) -> tuple[str, str] | None:
+    """(where it comes from, its text) of the chat template the artifact ships."""
+    if chat_template is not None:
+        return "artifact.chat_template", chat_template
+    template = chat_template_of(source)
+    jinja = source / "chat_template.jinja"
+    where = jinja if jinja.is_file() else source / "tokenizer_config.json"
+    return None if template is None else (str(where), template)
+
+
+def check_data_against_model(
+    data: Iterable[tuple[str, np.ndarray | None]], cfg: ModelConfig, source: Path
+) -> None:
+    """Raise RecipeError when the token ids of the recipe's data ((where, ids) pairs: the
+    calibration, evaluation windows) hold a token past the model's vocabulary."""
+    problems = []
+    for where, ids in data:
+        if ids is not None and ids.size:
+            problems += data_token_problems(where, int(ids.max()), cfg, source)
+    _raise(problems, None)
 
 
 def with_model_defaults(recipe: Recipe, cfg: ModelConfig) -> Recipe:

@@ -13,12 +13,14 @@ from typing import Any
 from ingot.artifacts.digest import sha256_file
 from ingot.common.errors import IngotError
 
+from .model.family import MODEL_FAMILIES
 from .model.load import weight_files
 
 __all__ = [
     "OFFLINE_HINT",
     "ResolvedSource",
     "SourceError",
+    "check_architecture",
     "hub_cached_snapshot",
     "hub_file",
     "read_config_file",
@@ -81,6 +83,7 @@ def resolve_source(source: dict) -> ResolvedSource:
         if not (path / name).is_file():
             raise SourceError(f"source.path: {path} has no {name}")
     config = read_config_json(path)
+    check_architecture(config, path / "config.json")  # before the weights are hashed
     if "auto_map" in config:
         raise SourceError(
             f"{path / 'config.json'}: the checkpoint needs remote code (auto_map); "
@@ -96,8 +99,22 @@ def resolve_source(source: dict) -> ResolvedSource:
     return ResolvedSource(path, revision, {n: sha256_file(path / n) for n in sorted(names)})
 
 
+def check_architecture(config: dict[str, Any], file: Path | str) -> None:
+    """Raise SourceError (one line naming the architecture and those ingot takes) unless
+    `config` (a config.json) is of a model family ingot takes (its model_type)."""
+    model_type = config.get("model_type")
+    if model_type in MODEL_FAMILIES:
+        return
+    names = config.get("architectures")
+    named = names[0] if isinstance(names, list) and names else None
+    what = f"{named} (model_type {model_type!r})" if named else f"model_type {model_type!r}"
+    takes = ", ".join(f"{MODEL_FAMILIES.get(n).hf_class} ({n})" for n in MODEL_FAMILIES.names())
+    raise SourceError(f"{file}: architecture {what} is not one ingot takes; it takes {takes}")
+
+
 def _download(repo_id: str, revision: str) -> tuple[Path, str]:
-    """Fetch only the safe files of a pinned hub revision (into the HF cache).
+    """Fetch only the safe files of a pinned hub revision (into the HF cache): config.json
+    first, whose architecture is checked before anything else downloads.
 
     The revision is resolved to its commit first (one quick request, not retried); when the
     hub cannot be reached (no network, or HF_HUB_OFFLINE=1) the local HF cache is used if it
@@ -106,7 +123,10 @@ def _download(repo_id: str, revision: str) -> tuple[Path, str]:
     hub = _hub()
     commit, unreachable = _resolve_commit(hub, repo_id, revision)
     if commit is not None:
-        with _hub_errors(repo_id, revision):
+        with _hub_errors(repo_id, revision):  # config.json alone first: a model ingot does
+            config = Path(hub.hf_hub_download(repo_id, "config.json", revision=commit))
+        check_architecture(read_config_file(config), f"{repo_id}@{commit[:12]}: config.json")
+        with _hub_errors(repo_id, revision):  # not take fails before its weights download
             path = hub.snapshot_download(repo_id, revision=commit, allow_patterns=_HUB_PATTERNS)
         return Path(path), commit
     path = hub_cached_snapshot(repo_id, revision)

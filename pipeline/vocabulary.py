@@ -4,7 +4,9 @@ A draft model's proposals are token ids that the target verifies with its own lo
 runtime tokenizes and detokenizes with the target's tokenizer only: every id must mean the same
 token to both models. What decides that is the model's vocabulary (token -> id) and the added
 tokens (id and whether they are special); normalizers, pre-tokenizers and merges only decide
-which ids a text becomes, which the target's tokenizer does alone.
+which ids a text becomes, which the target's tokenizer does alone. The added tokens include
+those the tokenizer_config.json beside a tokenizer.json lists in `added_tokens_decoder`, as
+transformers (and the runtime, runtime/tokenizer.py's `load_tokenizer`) adds them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def vocabulary_differences(target: Path, draft: Path) -> list[str]:
     model = _map_differences(_model_vocab(a), _model_vocab(b))
     if model:
         problems.append(f"model vocabulary: {model}")
-    added = _map_differences(_added_tokens(a), _added_tokens(b))
+    added = _map_differences(_added_tokens(a, target), _added_tokens(b, draft))
     if added:
         problems.append(f"added tokens: {added}")
     return problems
@@ -46,12 +48,17 @@ def _model_vocab(tokenizer: dict[str, Any]) -> dict[str, Any]:
     return dict(vocab)  # BPE, WordPiece, WordLevel: {token: id}
 
 
-def _added_tokens(tokenizer: dict[str, Any]) -> dict[str, Any]:
+def _added_tokens(tokenizer: dict[str, Any], file: Path) -> dict[str, Any]:
     # The id and the special flag: a special token is skipped when text is decoded.
-    return {
-        t["content"]: (t["id"], "special" if t.get("special") else "not special")
-        for t in tokenizer.get("added_tokens") or []
+    added = {
+        t["content"]: (t["id"], bool(t.get("special"))) for t in tokenizer.get("added_tokens") or []
     }
+    config = file.with_name("tokenizer_config.json")
+    if config.is_file():  # its entries win, as in transformers
+        entries = json.loads(config.read_text(encoding="utf-8")).get("added_tokens_decoder") or {}
+        for key, entry in entries.items():
+            added[entry["content"]] = (int(key), bool(entry.get("special")))
+    return {t: (i, "special" if special else "not special") for t, (i, special) in added.items()}
 
 
 def _map_differences(target: dict[str, Any], draft: dict[str, Any]) -> str:

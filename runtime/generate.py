@@ -380,8 +380,17 @@ class Generator:
                 "leaves no room to generate"
             )
         vocab = self.config.vocab_size
-        if vocab is not None and not all(0 <= t < vocab for t in prompt_ids):
-            raise RequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        bad = None if vocab is None else next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            # a token of the tokenizer past the model's vocabulary (added without resizing the
+            # embeddings): named, as vLLM refuses it ("Token id N is out of vocabulary")
+            token = self.tokenizer.token(bad) if bad >= 0 else None
+            named = "" if token is None else f" is {token!r}, a token of the tokenizer, and"
+            raise RequestError(
+                f"prompt token id {bad}{named} is out of the model's vocabulary: prompt token "
+                f"ids must be in [0, {vocab})",
+                param="prompt",
+            )
 
     def _check_params(self, params: SamplingParams) -> None:
         vocab = self.config.vocab_size

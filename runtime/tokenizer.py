@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Template, TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 
 from ingot.artifacts import ArtifactError, TokenizerInfo, safe_relative_path
 from ingot.common.errors import IngotError
@@ -19,8 +20,10 @@ __all__ = [
     "IncrementalDecoder",
     "InvalidText",
     "TextTokenizer",
+    "add_config_tokens",
     "check_chat_template",
     "check_text",
+    "load_tokenizer",
 ]
 
 # Invalid UTF-8 decodes to U+FFFD: a token that ends mid-character (byte-level BPE splits
@@ -64,7 +67,7 @@ class TextTokenizer:
         bos_token: str | None = None,
         eos_token: str | None = None,
     ) -> None:
-        self._tok = Tokenizer.from_file(str(tokenizer_file))
+        self._tok = load_tokenizer(tokenizer_file)
         self._template = None if chat_template is None else _compile(chat_template)
         self._longest_token: int | None = None
         self.bos_token = bos_token
@@ -85,6 +88,10 @@ class TextTokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token(self, token_id: int) -> str | None:
+        """The token with id `token_id` (None: no token has it), for messages."""
+        return self._tok.id_to_token(token_id)
 
     def fewest_tokens(self, text: str) -> int:
         """A lower bound on the tokens `text` encodes to, without encoding it: no token covers
@@ -141,6 +148,52 @@ class TextTokenizer:
             )
         except TemplateError as e:
             raise ChatTemplateError(f"chat template failed to render: {e}") from e
+
+
+def load_tokenizer(tokenizer_file: Path | str) -> Tokenizer:
+    """tokenizer.json as transformers loads it: in a checkpoint, the tokenizer_config.json
+    beside it may list in `added_tokens_decoder` tokens that tokenizer.json lacks or does not
+    mark special (older checkpoints), which transformers' fast tokenizers add on loading and
+    vLLM and llama.cpp's converter therefore see; so does this. An artifact's tokenizer.json
+    has them already (the build writes it so) and has no tokenizer_config.json beside it."""
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    config = Path(tokenizer_file).with_name("tokenizer_config.json")
+    if config.is_file():
+        added = json.loads(config.read_text(encoding="utf-8")).get("added_tokens_decoder")
+        if isinstance(added, Mapping):
+            add_config_tokens(tokenizer, added)
+    return tokenizer
+
+
+def add_config_tokens(tokenizer: Tokenizer, added_tokens_decoder: Mapping[str, Any]) -> list[str]:
+    """Add to `tokenizer` each token of a tokenizer_config.json's `added_tokens_decoder`
+    ({"id": {"content": ..., "special": ...}}) it does not hold as such (transformers'
+    PreTrainedTokenizerFast does the same); one line per token that ends up at another id
+    than the config says (a new token takes the next free id), [] when all agree."""
+    held = tokenizer.get_added_tokens_decoder()
+    problems = []
+    for key, entry in sorted(added_tokens_decoder.items(), key=lambda item: int(item[0])):
+        token_id, content = int(key), entry["content"]
+        special = bool(entry.get("special"))
+        have = held.get(token_id)
+        if have is None or have.content != content or have.special != special:
+            token = AddedToken(
+                content,
+                single_word=bool(entry.get("single_word", False)),
+                lstrip=bool(entry.get("lstrip", False)),
+                rstrip=bool(entry.get("rstrip", False)),
+                normalized=bool(entry.get("normalized", not special)),
+                special=special,
+            )
+            add = tokenizer.add_special_tokens if special else tokenizer.add_tokens
+            add([token])
+        given = tokenizer.token_to_id(content)
+        if given != token_id:
+            problems.append(
+                f"added_tokens_decoder puts {content!r} at id {token_id}; tokenizer.json "
+                f"gives it id {given}"
+            )
+    return problems
 
 
 def check_chat_template(source: str) -> None:

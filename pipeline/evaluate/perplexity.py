@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
 from torch import nn
+
+from ingot.runtime.tokenizer import load_tokenizer
 
 from .errors import EvalDataError
 
@@ -22,8 +23,9 @@ __all__ = ["tokenize", "token_windows", "perplexity"]
 
 
 def tokenize(text: str, tokenizer_json: Path) -> list[int]:
-    """Token ids of `text` with the checkpoint's tokenizer, without special tokens."""
-    return Tokenizer.from_file(str(tokenizer_json)).encode(text, add_special_tokens=False).ids
+    """Token ids of `text` with the checkpoint's tokenizer (as transformers loads it),
+    without special tokens."""
+    return load_tokenizer(tokenizer_json).encode(text, add_special_tokens=False).ids
 
 
 def token_windows(ids: list[int], seq_len: int, max_windows: int | None = None) -> torch.Tensor:

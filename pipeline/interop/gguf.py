@@ -23,9 +23,7 @@ The model family says which llama.cpp architecture runs it (`ModelFamily.gguf`) 
 the rows RoPE rotates (q_proj / k_proj: codes, scales, zero points, bias) are permuted as
 llama.cpp's convert_hf_to_gguf does: ``llama`` rotates interleaved pairs where HF rotates
 halves; ``qwen2`` runs NEOX RoPE and keeps HF's order. The tokenizer is written from the
-checkpoint's tokenizer.json: byte-level BPE (llama.cpp's "gpt2" model) with the pre-tokenizer
-recognised from its definition (GPT-2's regex, Llama 3's or Qwen2's split); other tokenizers
-(SentencePiece-style byte-fallback BPE, Unigram, WordPiece) are refused naming the file.
+checkpoint's (gguf_vocab.py).
 
 The directory also holds config.json (the source's, with a `quantization_config` that names
 the file and counts its tensor types) for the artifact's manifest.
@@ -35,10 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -53,23 +49,12 @@ from .checks import gguf_model_problems
 from .common import has_act_order
 from .errors import InteropError
 from .fused import layer_linears
+from .gguf_vocab import gguf_vocabulary, write_gguf_tokenizer
 
 __all__ = ["GGUF_FILE", "write_gguf", "permute_rows", "encode_blocks"]
 
 GGUF_FILE = "model.gguf"
 BLOCK = 32  # values per block of Q4_0 / Q4_1 / Q8_0
-
-# Byte-level BPE pre-tokenizers llama.cpp implements: the regex of a Split before a ByteLevel
-# (use_regex off) -> llama.cpp's `tokenizer.ggml.pre`. A lone ByteLevel with use_regex on is
-# GPT-2's regex ("gpt-2").
-_SPLIT_REGEXES = {
-    # Llama 3
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
-    r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
-    # Qwen2
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
-}
 
 
 def write_gguf(model: LlamaModel, source: Path, out: Path) -> None:
@@ -79,7 +64,7 @@ def write_gguf(model: LlamaModel, source: Path, out: Path) -> None:
     problems = gguf_model_problems(cfg)
     if problems:
         raise InteropError(f"interop {problems[0]}")
-    vocab = _vocab(source, cfg)  # a tokenizer llama.cpp cannot run fails before any weights
+    vocab = gguf_vocabulary(source, cfg)  # a tokenizer llama.cpp cannot run: no weights
     family = cfg.family
     arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == family.gguf.arch)
     tensors = list(_tensors(model, permute=family.gguf.permute_rotated))
@@ -88,7 +73,7 @@ def write_gguf(model: LlamaModel, source: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(out / GGUF_FILE, gguf.MODEL_ARCH_NAMES[arch])
     _hyperparameters(writer, cfg)
-    _tokenizer(writer, vocab, source, cfg)
+    write_gguf_tokenizer(writer, vocab, source, cfg)
     counts: Counter[str] = Counter()
     for ir, data, qtype in tensors:
         hf = family.tensor_names.to_hf(ir)
@@ -279,118 +264,6 @@ def _hyperparameters(writer, cfg: ModelConfig) -> None:
         writer.add_sliding_window(cfg.sliding_window)
         writer.add_sliding_window_pattern([w is not None for w in cfg.windows])
         writer.add_rope_freq_base_swa(cfg.rope_of(cfg.windows.index(cfg.sliding_window)).theta)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Vocab:
-    tokens: list[str]
-    types: list[int]
-    pre: str
-
-
-def _vocab(source: Path, cfg: ModelConfig) -> _Vocab:
-    """The checkpoint's byte-level BPE vocabulary as llama.cpp's "gpt2" tokenizer model."""
-    import gguf  # a build extra: loads only when a recipe asks for a GGUF file
-
-    file = source / "tokenizer.json"
-    if not file.is_file():
-        raise InteropError(f"interop gguf: {file} is missing; GGUF embeds the tokenizer")
-    spec = json.loads(file.read_text(encoding="utf-8"))
-    model = spec.get("model") or {}
-    kind = model.get("type")
-    if kind != "BPE" or model.get("byte_fallback"):
-        what = "a SentencePiece-style (byte_fallback) BPE" if kind == "BPE" else f"a {kind}"
-        raise InteropError(
-            f"interop gguf: {file} is {what} tokenizer; ingot writes GGUF vocabularies for "
-            "byte-level BPE tokenizers (GPT-2 / Llama 3 / Qwen2 style) only"
-        )
-    pre = _pre_tokenizer(spec.get("pre_tokenizer"), file)
-    if bool(model.get("ignore_merges")) != (pre == "llama-bpe"):  # llama.cpp ties it to `pre`
-        raise InteropError(
-            f"interop gguf: {file}: ignore_merges {bool(model.get('ignore_merges'))} with a "
-            f"{pre} pre-tokenizer; llama.cpp ignores merges with Llama 3's (only)"
-        )
-    if (spec.get("normalizer") or {}).get("type", "NFC") != "NFC":
-        raise InteropError(
-            f"interop gguf: {file} has a {spec['normalizer']['type']} normalizer, which "
-            "llama.cpp's byte-level BPE does not apply"
-        )
-    vocab: dict[str, int] = dict(model["vocab"])
-    added = {t["id"]: t for t in spec.get("added_tokens", [])}
-    for tid, t in added.items():
-        vocab.setdefault(t["content"], tid)
-    if max(vocab.values()) >= cfg.vocab_size:
-        raise InteropError(
-            f"interop gguf: {file} has token id {max(vocab.values())}, beyond config.json "
-            f"vocab_size {cfg.vocab_size}"
-        )
-    by_id = {tid: token for token, tid in vocab.items()}
-    tokens, types = [], []
-    for tid in range(cfg.vocab_size):  # ids without a token: embedding rows never looked up
-        token = by_id.get(tid)
-        if token is None:
-            tokens.append(f"[PAD{tid}]")
-            types.append(gguf.TokenType.UNUSED)
-        elif tid in added:
-            tokens.append(token)
-            special = added[tid].get("special")
-            types.append(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)
-        else:
-            tokens.append(token)
-            types.append(gguf.TokenType.NORMAL)
-    return _Vocab(tokens, [int(t) for t in types], pre)
-
-
-def _pre_tokenizer(pre: dict[str, Any] | None, file: Path) -> str:
-    """llama.cpp's name for the pre-tokenizer, recognised from its definition."""
-    steps = (
-        (pre or {}).get("pretokenizers", [pre]) if (pre or {}).get("type") == "Sequence" else [pre]
-    )
-    if len(steps) == 1 and _is_byte_level(steps[0], use_regex=True):
-        return "gpt-2"
-    if (
-        len(steps) == 2
-        and (steps[0] or {}).get("type") == "Split"
-        and steps[0].get("behavior") == "Isolated"
-        and not steps[0].get("invert")
-        and _is_byte_level(steps[1], use_regex=False)
-    ):
-        regex = (steps[0].get("pattern") or {}).get("Regex")
-        if regex in _SPLIT_REGEXES:
-            return _SPLIT_REGEXES[regex]
-    raise InteropError(
-        f"interop gguf: {file}: pre_tokenizer {json.dumps(pre)[:200]} is not one llama.cpp "
-        "implements (known: ByteLevel with GPT-2's regex, Llama 3's or Qwen2's Split + ByteLevel)"
-    )
-
-
-def _is_byte_level(step: dict[str, Any] | None, use_regex: bool) -> bool:
-    return (
-        (step or {}).get("type") == "ByteLevel"
-        and not step.get("add_prefix_space", False)
-        and bool(step.get("use_regex", True)) == use_regex
-    )
-
-
-def _tokenizer(writer, vocab: _Vocab, source: Path, cfg: ModelConfig) -> None:
-    import gguf  # a build extra: loads only when a recipe asks for a GGUF file
-
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(vocab.pre)
-    writer.add_token_list(vocab.tokens)
-    writer.add_token_types(vocab.types)
-    # merges, bos / eos / unk / pad ids, add_bos (from the post-processor) and the chat template;
-    # its warnings are about pair templates (two-sequence inputs), which a causal LM never sees
-    logger = logging.getLogger("gguf.vocab")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        special = gguf.SpecialVocab(source, load_merges=True, n_vocab=cfg.vocab_size)
-    finally:
-        logger.setLevel(level)
-    if not special.merges:
-        raise InteropError(f"interop gguf: {source / 'tokenizer.json'} has no BPE merges")
-    special.add_to_gguf(writer, quiet=True)
 
 
 def _write_config(source: Path, out: Path, counts: dict[str, int]) -> None:

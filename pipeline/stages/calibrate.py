@@ -30,6 +30,7 @@ from ..device import DeviceSettings, resolve_device
 from ..model.config import ModelConfig
 from ..quantize.layerwise import needs_calibration
 from ..recipe import Quantize, Recipe
+from ..vocabulary_fit import bos_eos_tokens
 from .stage import Input, Stage, StageOutput
 
 __all__ = [
@@ -152,17 +153,6 @@ def prepare_calibration(
         source_path / "tokenizer.json",
         eos_token_id=cfg.eos_token_ids[0] if cfg.eos_token_ids else None,
         chat_template=chat_template_of(source_path),
-        special_tokens=_special_tokens(source_path),
+        special_tokens=bos_eos_tokens(source_path),
     )
     return PreparedCalibration(calibration, section, settings)
-
-
-def _special_tokens(source: Path) -> tuple[str | None, str | None]:
-    """(bos, eos) token strings from tokenizer_config.json, for chat templates."""
-    file = source / "tokenizer_config.json"
-    config = json.loads(file.read_text()) if file.is_file() else {}
-
-    def text(value: Any) -> str | None:
-        return value.get("content") if isinstance(value, dict) else value
-
-    return text(config.get("bos_token")), text(config.get("eos_token"))

@@ -30,6 +30,7 @@ from ingot.artifacts.signing import sign_artifact
 
 from ..chat_template import chat_template_of
 from ..manifest_fields import eval_and_interop_fields, manifest_fields, speculative_fields
+from ..vocabulary_fit import artifact_tokenizer_json, bos_eos_tokens
 from .eagle import EagleOutput
 from .graph import BuildOutputs
 from .heads import HeadsOutput
@@ -110,16 +111,23 @@ def run_package(
     try:
         _copy_outputs(copy, package.outputs, inputs.recipe.artifact.portable)
         source = inputs.source.path
-        copy.file(source / "tokenizer.json", tmp / "tokenizer.json")
+        merged = artifact_tokenizer_json(source)  # tokenizer_config.json's tokens added
+        if merged is None:
+            copy.file(source / "tokenizer.json", tmp / "tokenizer.json")
+        else:
+            (tmp / "tokenizer.json").write_text(merged, encoding="utf-8")
         copy.file(source / "config.json", tmp / "config.json")
         template = inputs.chat_template
         template = template if template is not None else chat_template_of(source)
         if template is not None:
             (tmp / "chat_template.jinja").write_text(template)
         fields = _fields(package)
+        bos, eos = bos_eos_tokens(source)  # what the template renders as bos / eos_token
         fields["tokenizer"] = {
             **fields["tokenizer"],
             "chat_template": "chat_template.jinja" if template is not None else None,
+            "bos_token": bos,
+            "eos_token": eos,
         }
         lock_bytes = (json.dumps(package.lock, indent=2, sort_keys=True) + "\n").encode()
         (tmp / "ingot.lock").write_bytes(lock_bytes)

@@ -18,7 +18,12 @@ from ..evaluate.windows import EvalWindows, eval_windows
 from ..heads.attach import AttachedHeads, resolve_heads
 from ..heads.eagle_attach import AttachedEagle, resolve_eagle
 from ..model.config import ModelConfig
-from ..preflight import check_recipe_against_model, with_model_defaults
+from ..preflight import (
+    check_data_against_model,
+    check_recipe_against_model,
+    check_tokenizer_against_model,
+    with_model_defaults,
+)
 from ..recipe import Recipe, RecipeError, load_recipe
 from ..source import ResolvedSource, resolve_source
 from .calibrate import PreparedCalibration, prepare_calibration
@@ -56,14 +61,21 @@ def prepare(recipe_path: str | Path) -> BuildInputs:
     written = len(recipe.quantize)
     recipe = with_model_defaults(recipe, cfg)  # the stages, the lock and the checks see it
     check_recipe_against_model(recipe, cfg)
+    chat_template = recipe_chat_template(recipe, recipe_path)  # a missing template fails here
+    check_tokenizer_against_model(recipe, cfg, source.path, chat_template)  # and its quirks
     draft = resolve_draft(recipe, source, cfg)  # a draft that cannot serve fails here
     heads = resolve_heads(recipe, recipe_path, cfg)  # and attached Medusa heads
     eagle = resolve_eagle(recipe, recipe_path, cfg)  # and an EAGLE-3 draft
     sign_key = _sign_key(recipe, recipe_path)  # a missing key fails before any stage runs
-    chat_template = recipe_chat_template(recipe, recipe_path)  # and a missing template
     evaluation = eval_windows(recipe, recipe_path, source.path)  # unreadable data fails here
     speculative = speculative_prompts(recipe, recipe_path, source.path)  # and too little of it
     calibration = prepare_calibration(recipe, recipe_path, source.path, cfg)  # and here
+    data = [
+        ("calibration.dataset", calibration and calibration.calibration.tokens),
+        ("evaluate.perplexity.dataset", evaluation and evaluation.windows.numpy()),
+        ("evaluate.speculative.dataset", speculative and speculative.prompts),
+    ]
+    check_data_against_model(data, cfg, source.path)  # a token the model cannot embed
     draft_calibration = None
     if draft is not None:  # the same data, tokenized by the draft's (equal) tokenizer
         draft_calibration = prepare_calibration(

@@ -69,15 +69,22 @@ def test_hub_source_downloads_only_safe_files_at_the_pinned_commit(ckpt, monkeyp
             calls["info"] = (repo_id, revision)
             return types.SimpleNamespace(sha="a" * 40)
 
+    def fake_file(repo_id, filename, revision):
+        calls.setdefault("files", []).append((repo_id, filename, revision))
+        return str(ckpt / filename)
+
     def fake_snapshot(repo_id, revision, allow_patterns):
         calls["snapshot"] = (repo_id, revision, allow_patterns)
         return str(ckpt)
 
-    fake = types.SimpleNamespace(HfApi=FakeApi, snapshot_download=fake_snapshot)
+    fake = types.SimpleNamespace(
+        HfApi=FakeApi, hf_hub_download=fake_file, snapshot_download=fake_snapshot
+    )
     monkeypatch.setitem(sys.modules, "huggingface_hub", fake)
     src = resolve_source({"hub": "org/model", "revision": "main"})
     assert src.revision == "a" * 40
     assert calls["info"] == ("org/model", "main")
+    assert calls["files"] == [("org/model", "config.json", "a" * 40)]  # first, alone
     repo, revision, patterns = calls["snapshot"]
     assert (repo, revision) == ("org/model", "a" * 40)  # the resolved commit, not the branch
     assert not any(p.endswith((".py", ".bin", ".pt", ".pkl")) for p in patterns)

@@ -268,11 +268,6 @@ def _extra_special_token(tokenizer: dict) -> None:
             id="vocab-size",
         ),
         pytest.param(
-            {"config": lambda c: c.update(model_type="gpt2")},
-            ["speculative.draft.source: config.json: model_type 'gpt2' is not supported"],
-            id="architecture",
-        ),
-        pytest.param(
             {"config": lambda c: c.update(max_position_embeddings=64)},
             ["speculative.draft.source: max_position_embeddings 64", "export.max_seq_len 128"],
             id="max-position-embeddings",
@@ -290,6 +285,21 @@ def test_draft_that_cannot_serve_the_target_fails_before_any_stage(
     with pytest.raises(RecipeError) as err:
         build(draft_recipe(tmp_path / "r.yaml", target, bad), tmp_path / "out", cache=cache)
     assert any(all(f in line for f in fragments) for line in err.value.problems), err.value
+    assert not (cache.root / "stages").exists()
+
+
+def test_a_draft_of_an_architecture_ingot_does_not_take_fails_before_any_stage(
+    tmp_path, checkpoints
+):
+    from ingot.pipeline.source import SourceError
+
+    target, draft = checkpoints
+    bad = _edited_copy(draft, tmp_path / "draft", config=lambda c: c.update(model_type="gpt2"))
+    cache = StageCache(tmp_path / "cache")
+    with pytest.raises(SourceError) as err:
+        build(draft_recipe(tmp_path / "r.yaml", target, bad), tmp_path / "out", cache=cache)
+    assert str(err.value).startswith(f"speculative.draft.source: {bad / 'config.json'}: ")
+    assert "(model_type 'gpt2') is not one ingot takes" in str(err.value)
     assert not (cache.root / "stages").exists()
 
 

@@ -44,3 +44,22 @@ def test_unigram_ids_are_positions(tmp_path):
     a = tokenizer(tmp_path / "a.json", [["a", -1.0], ["b", -2.0]])
     b = tokenizer(tmp_path / "b.json", [["b", -2.0], ["a", -1.0]])
     assert "2 token(s) differ" in vocabulary_differences(a, b)[0]
+
+
+def test_tokens_only_in_tokenizer_config_json_count(tmp_path):
+    """The tokenizer_config.json beside a tokenizer.json adds its added_tokens_decoder entries
+    (as transformers loads them): a draft lacking one the target's config adds differs."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "d").mkdir()
+    a = tokenizer(tmp_path / "t" / "tokenizer.json", {"a": 0}, [("<s>", 1, True)])
+    b = tokenizer(tmp_path / "d" / "tokenizer.json", {"a": 0}, [("<s>", 1, True)])
+    added = {"2": {"content": "<|im_end|>", "special": True}}
+    (tmp_path / "t" / "tokenizer_config.json").write_text(
+        json.dumps({"added_tokens_decoder": added})
+    )
+    [line] = vocabulary_differences(a, b)
+    assert line == "added tokens: 1 only in the target's (e.g. '<|im_end|>')"
+    (tmp_path / "d" / "tokenizer_config.json").write_text(
+        json.dumps({"added_tokens_decoder": added})
+    )
+    assert vocabulary_differences(a, b) == []

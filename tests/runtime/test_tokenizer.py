@@ -1,7 +1,10 @@
+from pathlib import Path
+
 import pytest
+from tokenizers import Tokenizer
 
 from ingot.artifacts import ArtifactError, TokenizerInfo
-from ingot.runtime.tokenizer import ChatTemplateError, TextTokenizer
+from ingot.runtime.tokenizer import ChatTemplateError, TextTokenizer, add_config_tokens
 
 from fixtures import CHAT_TEMPLATE, write_tokenizer
 
@@ -93,3 +96,59 @@ def test_no_chat_template_is_a_clear_error(tok_dir):
 def test_artifact_paths_are_checked(tok_dir):
     with pytest.raises(ArtifactError, match="unsafe path"):
         TextTokenizer.from_artifact(tok_dir, TokenizerInfo(path="../tokenizer.json"))
+
+
+# -- tokens only in a checkpoint's tokenizer_config.json (added_tokens_decoder) ----------------
+
+
+def _checkpoint_with(tmp_path, added_tokens_decoder: dict) -> Path:
+    import json
+    import shutil
+
+    path = tmp_path / "ckpt"
+    path.mkdir()
+    write_tokenizer(path, 320)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["added_tokens_decoder"] = added_tokens_decoder
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    shutil.copy(path / "tokenizer.json", tmp_path / "tokenizer.json")  # no config beside it
+    return path
+
+
+def test_a_checkpoints_config_tokens_are_added_as_transformers_adds_them(tmp_path):
+    from transformers import AutoTokenizer
+
+    last = Tokenizer.from_file(str(_fixture_file(tmp_path))).id_to_token(300)
+    added = {
+        "0": {"content": "<s>", "special": True},
+        "320": {"content": "<|im_end|>", "special": True},  # not in tokenizer.json at all
+        "300": {"content": last, "special": True},  # a vocabulary entry marked special
+    }
+    path = _checkpoint_with(tmp_path, added)
+    ours = TextTokenizer(path / "tokenizer.json")
+    theirs = AutoTokenizer.from_pretrained(path)
+    text = f"the fox{'<|im_end|>'} jumps"
+    assert ours.encode(text, add_special_tokens=False) == theirs.encode(
+        text, add_special_tokens=False
+    )
+    assert ours.token(320) == "<|im_end|>" and ours.vocab_size == len(theirs) == 321
+    ids = ours.encode(text)
+    assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+    plain = TextTokenizer(tmp_path / "tokenizer.json")  # an artifact's: nothing beside it
+    assert plain.vocab_size == 320 and plain.token(320) is None
+
+
+def test_a_config_token_that_lands_elsewhere_is_named(tmp_path):
+    path = _checkpoint_with(tmp_path, {"325": {"content": "<|im_end|>", "special": True}})
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    problems = add_config_tokens(tokenizer, {"325": {"content": "<|im_end|>", "special": True}})
+    assert problems == [
+        "added_tokens_decoder puts '<|im_end|>' at id 325; tokenizer.json gives it id 320"
+    ]
+
+
+def _fixture_file(tmp_path) -> Path:
+    path = tmp_path / "plain"
+    path.mkdir()
+    write_tokenizer(path, 320)
+    return path / "tokenizer.json"
