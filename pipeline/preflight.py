@@ -99,7 +99,8 @@ def check_data_against_model(
 
 def with_model_defaults(recipe: Recipe, cfg: ModelConfig) -> Recipe:
     """`recipe` with what it leaves to the model's size: the embedding and lm_head entry a
-    source of 1e9 parameters or more gets (`recipe/embedding.py`), appended to `quantize`,
+    large source, or one whose tables are a large share of it, gets (`recipe/embedding.py`),
+    appended to `quantize`,
     unless an interop format of the recipe cannot hold it (it then stays as written)."""
     entry = default_entry(recipe, cfg)
     if entry is None:

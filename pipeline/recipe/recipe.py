@@ -36,8 +36,10 @@ class Recipe(_Strict):
     embedding_and_lm_head: Literal["auto", "float"] = Field(
         default="auto",
         description="When no quantize entry selects embed_tokens or lm_head: auto quantizes "
-        "both (rtn int8, one scale per row) for a source of 1e9 parameters or more whose "
-        "recipe quantizes anything, and keeps them float below; float keeps them float.",
+        "both (rtn int8, one scale per row) for a source of 1e9 parameters or more, or of "
+        "1e8 or more whose embedding and lm_head are a quarter of its parameters or more, "
+        "whose recipe quantizes anything, and keeps them float otherwise; float keeps them "
+        "float.",
     )
     kv_cache: KvCache = Field(default=KvCache(), description="Paged KV cache layout.")
     export: Export = Field(default=Export(), description="ONNX export settings.")

@@ -178,15 +178,30 @@ def test_default_at_one_billion_parameters():
     assert added.targets == ["embed_tokens", "lm_head"] and added.ignore == []
     check_recipe_against_model(resolved, big)  # the default passes its own checks
     assert with_model_defaults(resolved, big) == resolved  # resolved once
-    # Nothing changes below 1e9, when the recipe says float, names either module, or
-    # quantizes nothing.
-    small = model_config(**{**ONE_B, "num_hidden_layers": 2, "vocab_size": 32000})
+    # Nothing changes below 1e9 (tables 12% of the parameters here), when the recipe says
+    # float, names either module, or quantizes nothing.
+    small = model_config(**{**ONE_B, "num_hidden_layers": 8, "vocab_size": 32000})
     assert with_model_defaults(_recipe(LAYERS), small) == _recipe(LAYERS)
     floated = _recipe(LAYERS, embedding_and_lm_head="float")
     assert with_model_defaults(floated, big) == floated
     head = {**LAYERS, "targets": ["lm_head"], "ignore": []}
     assert with_model_defaults(_recipe(LAYERS, head), big).quantize[-1].targets == ["lm_head"]
     assert with_model_defaults(_recipe(), big).quantize == []
+
+
+def test_default_for_a_large_vocabulary_on_a_small_model():
+    # Gemma-3-1B's shape: 999.9M parameters, 30% of them the tied 262k x 1152 table.
+    gemma = dict(ONE_B, vocab_size=262144, hidden_size=1152, intermediate_size=6912)
+    gemma.update(num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1)
+    small_big_table = model_config(**gemma, head_dim=256)
+    assert parameter_count(small_big_table) < 1_000_000_000
+    assert with_model_defaults(_recipe(LAYERS), small_big_table).quantize[-1].targets == [
+        "embed_tokens",
+        "lm_head",
+    ]
+    # A model of under 1e8 parameters keeps its tables whatever their share (test models).
+    tiny = model_config(vocab_size=4096, tie_word_embeddings=True)
+    assert with_model_defaults(_recipe(LAYERS), tiny) == _recipe(LAYERS)
 
 
 def test_default_stays_out_of_an_interop_format_that_cannot_hold_it():
