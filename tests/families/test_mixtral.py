@@ -23,7 +23,7 @@ from ingot.pipeline.model.load import load_model
 from ingot.pipeline.model.qlinear import QuantizedLinear
 from ingot.pipeline.quantize.apply import quantize_model
 from ingot.pipeline.quantize.checkpoint import load_ir, save_ir
-from ingot.pipeline.quantize.driver import quantize_layers
+from ingot.pipeline.quantize.driver import quantize_in_place, quantize_layers
 from ingot.pipeline.quantize.ir_layers import IRLayers
 from ingot.pipeline.quantize.method import method_of
 from ingot.pipeline.quantize.moe_calibration import ALL_TOKENS, ROUTED, min_routed_tokens
@@ -210,3 +210,32 @@ def test_gguf_runs_in_llama_cpp(tmp_path):
     err = float(np.abs(got - want).max() / want.std())
     agree = float((got.argmax(-1) == want.argmax(-1)).mean())
     assert err < 0.5 and agree >= 0.85, (err, agree)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"method": "awq", "bits": 4, "group_size": 32, "symmetric": False},
+        {"method": "smoothquant"},
+        {"method": "fp8", "activations": "static"},
+    ],
+    ids=["awq", "smoothquant", "fp8-static"],
+)
+def test_calibrated_methods_quantize_every_expert_and_keep_the_routers(mixtral, spec):
+    """Each method quantizes every expert's linears (but expert 0's, ignored by pattern) on
+    its routed tokens, records each calibrated expert, and leaves the routers float."""
+    model = load_model(mixtral)
+    tokens = np.random.default_rng(1).integers(2, BASE["vocab_size"], size=(8, 32))
+    calibration = CalibrationSet(tokens.astype(np.int64), list(range(8)), "sha256:test")
+    entry = quantize_entry({**spec, "ignore": ["lm_head", r"re:.*\.experts\.0\..*"]})
+    [summary] = quantize_in_place(model, [entry], calibration)
+    for layer in model.layers:
+        assert type(layer.mlp.router) is nn.Linear
+        assert all(type(m) is nn.Linear for m in layer.mlp.experts[0].children())
+        for expert in layer.mlp.experts[1:]:
+            assert all(isinstance(m, QuantizedLinear) for m in expert.children())
+    assert sorted(summary["experts"]) == [
+        f"layers.{i}.mlp.experts.{e}" for i in range(2) for e in range(1, 4)
+    ]
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.as_tensor(tokens[:2]))[0]).all()
