@@ -80,6 +80,13 @@ def gguf_model_problems(cfg: ModelConfig) -> list[str]:
             f"gguf: llama.cpp runs every layer of a mixture of experts as experts, and this "
             f"model keeps layers {dense} of {cfg.num_layers} dense (config.json {keys})"
         )
+    if cfg.moe_layers and not cfg.norm_topk_prob:
+        rule = cfg.family.moe.norm_topk
+        why = f"config.json {rule} false" if isinstance(rule, str) else "its family never does"
+        problems.append(
+            "gguf: llama.cpp renormalises the chosen experts' weights over the top-k, and this "
+            f"model does not ({why})"
+        )
     window = cfg.sliding_window
     if cfg.layer_windows is not None:
         # llama.cpp's qwen2 reads no window at all (its hparams load has no sliding-window

@@ -249,6 +249,8 @@ class MoeRule:
     dense_layers: str | None = None  # "mlp_only_layers"
     # transformers' values for the keys above a config.json may omit: (key, value) pairs.
     defaults: tuple[tuple[str, int], ...] = ()
+    # Other names config.json may give those keys (transformers' attribute_map): (alias, key).
+    aliases: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +290,7 @@ MODEL_FAMILIES: Registry[ModelFamily] = Registry(
         "qwen2": "ingot.pipeline.model.families.qwen2",
         "qwen3": "ingot.pipeline.model.families.qwen3",
         "mixtral": "ingot.pipeline.model.families.mixtral",
+        "qwen3_moe": "ingot.pipeline.model.families.qwen3_moe",
     },
     group="ingot.model_families",
 )

@@ -33,6 +33,13 @@ VARIANTS = {
     "mistral": {"model_type": "mistral", "sliding_window": 16},
     "qwen3": {"model_type": "qwen3", "head_dim": 24, "attention_bias": True},
     "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen3_moe": {
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 48,
+        "mlp_only_layers": [1],
+    },
 }
 
 
