@@ -6,7 +6,10 @@ files in transformers and llama.cpp (``qwen3moe``), the preflight's GGUF refusal
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from click.testing import CliRunner
 from moe_checks import (
     CALIBRATED,
     assert_llama_cpp_runs_the_gguf,
@@ -16,10 +19,12 @@ from moe_checks import (
     rtn_ir,
 )
 
+from ingot.cli import main
 from ingot.pipeline.interop import interop_problems
 from ingot.pipeline.model.config import ModelConfig
 from ingot.pipeline.model.layers import MLP, SparseMoE
 from ingot.pipeline.model.load import load_model
+from ingot.pipeline.plan import plan_build
 from ingot.pipeline.recipe import load_recipe
 
 from fixtures import write_recipe
@@ -91,3 +96,25 @@ def test_gguf_refusals_name_what_llama_cpp_cannot_run(qwen3_moe, tmp_path):
     assert any("keeps layers [1] of 3 dense (config.json mlp_only_layers" in p for p in problems)
     assert any("llama.cpp renormalises the chosen experts' weights" in p for p in problems)
     assert any("norm_topk_prob false" in p for p in problems)
+
+
+def test_plan_counts_total_and_active_parameters(qwen3_moe, tmp_path):
+    """`ingot plan`: every expert's parameters, those a token computes with (2 of 4 experts
+    in the 2 sparse layers), and the widest layer (a sparse one) sizing what a stage holds."""
+    recipe = write_recipe(tmp_path / "r.yaml", qwen3_moe)
+    hf = json.loads((qwen3_moe / "config.json").read_text())
+    model = plan_build(load_recipe(recipe), recipe, hf, qwen3_moe).model
+    expert = 3 * 64 * 96  # gate, up, down of one expert
+    assert model["params"] - model["active_params"] == 2 * 2 * expert
+    attention = 64 * (4 * 32) * 2 + 64 * (2 * 32) * 2  # q, o; k, v
+    norms = 2 * 64 + 2 * 32  # the layer's two norms, the q/k norms over head_dim
+    widest = attention + 64 * 4 + 4 * expert + norms  # router + 4 experts: the sparse layer
+    assert model["experts"] == {
+        "count": 4,
+        "per_token": 2,
+        "sparse_layers": 2,
+        "widest_layer_params": widest,
+    }
+    result = CliRunner().invoke(main, ["plan", "--recipe", str(recipe)])
+    assert result.exit_code == 0, result.output
+    assert "M active: 2 of 4 experts per token" in result.output.splitlines()[0]
