@@ -29,17 +29,17 @@ def summaries(
     records = []
     for i, e in enumerate(entries):
         record = method_of(e).record(e)
+        chosen = selected(e, names)
         if i in searched:
             found = searched[i]
             modules = sum(r["modules"] for r in found["resolved"])
             records.append({**record, **found, "modules": modules})
         else:
             embedding = embedding_entry([e]) is not None  # never among `names` (linears)
-            chosen = selected(e, names)
             records.append({**record, "modules": len(chosen) + embedding})
-            calibrated = _experts_of(chosen, experts)
-            if calibrated:
-                records[-1]["experts"] = calibrated
+        calibrated = _experts_of(chosen, experts)
+        if calibrated:
+            records[-1]["experts"] = calibrated
     return records
 
 
