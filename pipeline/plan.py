@@ -22,6 +22,7 @@ from .engines import ENGINE_BUILDERS
 from .engines.base import EngineSizing, EngineTarget, engine_name
 from .model.architecture import (
     LayerLinear,
+    fused_names,
     layer_linear,
     linear_names,
     linear_shape,
@@ -571,7 +572,7 @@ def _precision(shapes: _Shapes, recipe: Recipe, entries: Sequence[Quantize]) -> 
     work = LayerWork(tuple(shapes.linears()), tokens, forward, shapes.inputs(tokens))
     trials, passes, flops = 0, 0.0, 0.0
     for entry in entries:
-        for unit in units_of(selected(entry, linear_names(c)), c):
+        for unit in units_of(selected(entry, linear_names(c), fused_names(c)), c):
             for candidate in method_of(entry).nested(entry).values():
                 after = c.num_layers - unit.layer - 1
                 costs = method_of(candidate).layer_costs(candidate, work)

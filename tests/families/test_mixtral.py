@@ -109,5 +109,5 @@ def test_a_searched_entry_lists_its_calibrated_experts(mixtral):
     experts = {"layers.1.mlp.experts.2": record}
     searched = {0: {"resolved": [{"modules": 3}]}}
     names = linear_names(ModelConfig.from_dir(mixtral))
-    [summary] = summaries([quantize_entry(auto)], names, searched, experts)
+    [summary] = summaries([quantize_entry(auto)], names, searched, experts=experts)
     assert summary["experts"] == experts and summary["modules"] == 3
