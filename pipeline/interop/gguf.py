@@ -39,8 +39,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..model.architecture import linear_shape
+from ..model.architecture import linear_shape, stays_float
 from ..model.config import ModelConfig, RopeConfig
+from ..model.family import EXPERT
 from ..model.llama import LlamaModel
 from ..model.qembedding import EMBEDDING, QuantizedEmbedding
 from ..model.qlinear import QuantizedLinear
@@ -111,15 +112,50 @@ def _tensors(model: LlamaModel, permute: bool):
         yield "embed_tokens.weight", _f16(table.weight), "F16"
     for i in range(cfg.num_layers):
         yield _norm(model, f"layers.{i}.{layer.norms[0]}")
-        for name, module in layer_linears(model, i):  # fused tensors stacked (Phi-3)
-            local = name.split(".", 2)[2]
-            heads = linear_shape(cfg, name)[1] // cfg.head_dim if local in rotated else None
-            yield from _linear(name, module, heads)
+        if i in cfg.moe_layers:  # the experts stacked, the router F32
+            yield from _sparse_linears(model, i, rotated)
+        else:
+            for name, module in layer_linears(model, i):  # fused tensors stacked (Phi-3)
+                local = name.split(".", 2)[2]
+                heads = linear_shape(cfg, name)[1] // cfg.head_dim if local in rotated else None
+                yield from _linear(name, module, heads)
         for norm in (*layer.norms[1:], *layer.head_norms):
             yield _norm(model, f"layers.{i}.{norm}")
     yield _norm(model, "norm")
     if not model.lm_head_tied:  # tied: llama.cpp computes the logits with token_embd
         yield from _linear("lm_head", model.lm_head, None)
+
+
+def _sparse_linears(model: LlamaModel, i: int, rotated: tuple[str, ...]):
+    """Sparse layer i's linears: the attention's as in a dense layer, the router F32 (as
+    llama.cpp's converter writes it), each expert linear's copies stacked (`_stacked`)."""
+    cfg = model.cfg
+    for linear in cfg.family.sparse_layer.linears:  # the experts' as {e}
+        name = f"layers.{i}.{linear.name}"
+        if EXPERT in name:
+            yield _stacked(model, name)
+        elif stays_float(linear):
+            yield f"{name}.weight", _f32(model.get_submodule(name).weight), "F32"
+        else:
+            heads = linear_shape(cfg, name)[1] // cfg.head_dim if linear.name in rotated else None
+            yield from _linear(name, model.get_submodule(name), heads)
+
+
+def _stacked(model: LlamaModel, template: str) -> tuple[str, np.ndarray, str]:
+    """Every expert's copy of the linear `template` (`layers.0.mlp.experts.{e}.up_proj`) as
+    one tensor [E, N, ...], llama.cpp's `ffn_*_exps` (named `layers.0.mlp.experts.up_proj`):
+    their blocks when one block type holds every expert's codes, else F16."""
+    cfg = model.cfg
+    experts = [
+        model.get_submodule(template.replace(EXPERT, str(e))) for e in range(cfg.num_experts)
+    ]
+    encoded = [encode_blocks(m) if isinstance(m, QuantizedLinear) else None for m in experts]
+    name = template.replace(f".{EXPERT}", "") + ".weight"
+    kinds = {None if e is None else e[1] for e in encoded}
+    if len(kinds) == 1 and None not in kinds:
+        return name, np.stack([data for data, _ in encoded]), kinds.pop()
+    weights = [m.dequantize() if isinstance(m, QuantizedLinear) else m.weight for m in experts]
+    return name, _f16(torch.stack(weights)), "F16"
 
 
 def _norm(model: LlamaModel, name: str) -> tuple[str, np.ndarray, str]:
@@ -254,6 +290,10 @@ def _hyperparameters(writer, cfg: ModelConfig) -> None:
     if cfg.rope.type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope.factor)
+    if cfg.moe_layers:  # llama.cpp's softmax gating over every expert, top-k renormalised
+        writer.add_expert_count(cfg.num_experts)
+        writer.add_expert_used_count(cfg.top_k)
+        writer.add_expert_feed_forward_length(cfg.expert_intermediate_size)
     if cfg.rope.type == "longrope":  # convert_hf_to_gguf's Phi-3 keys
         writer.add_rope_scaling_attn_factors(cfg.rope.attention_factor)
         writer.add_rope_scaling_orig_ctx_len(cfg.rope.original_max_position_embeddings)

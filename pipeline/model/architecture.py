@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .config import ModelConfig
 from .families.llama import DOWN, GATE_UP, LAYER, QKV, O
-from .family import LM_HEAD, Dim, LayerLinear, LayerSpec
+from .family import EXPERT, LM_HEAD, Dim, LayerLinear, LayerSpec
 from .selection import EMBEDDING, Holder
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "lm_head_source",
     "parameter_count",
     "scaling_groups",
+    "stays_float",
 ]
 
 LAYER_LINEARS = LAYER.linears
@@ -55,6 +56,8 @@ _LABELS: dict[Dim, str] = {
     "q": "num_attention_heads * head_dim",
     "kv": "num_key_value_heads * head_dim",
     "vocab": "vocab_size",
+    "experts": "the number of experts",
+    "expert_intermediate": "the experts' intermediate size",
 }
 
 
@@ -63,8 +66,14 @@ _LABELS: dict[Dim, str] = {
 EMBEDDING_TABLE = LayerLinear(EMBEDDING, "hidden", "vocab")
 
 
-def _layer(cfg: ModelConfig | None) -> LayerSpec:
-    return LAYER if cfg is None else cfg.family.layer
+def _layer(cfg: ModelConfig | None, name: str) -> LayerSpec:
+    """The spec of the layer a linear `layers.{i}.…` belongs to (its per-expert entries as
+    templates: `LayerSpec.linear` matches an expert's name to them)."""
+    if cfg is None:
+        return LAYER
+    if name.startswith("layers.") and int(name.split(".")[1]) in cfg.moe_layers:
+        return cfg.family.sparse_layer
+    return cfg.family.layer
 
 
 def layer_linear(name: str, cfg: ModelConfig | None = None) -> LayerLinear:
@@ -75,7 +84,7 @@ def layer_linear(name: str, cfg: ModelConfig | None = None) -> LayerLinear:
     if name == EMBEDDING_TABLE.name:
         return EMBEDDING_TABLE
     local = name.split(".", 2)[2] if name.startswith("layers.") else name
-    layer = _layer(cfg)
+    layer = _layer(cfg, name)
     try:
         return layer.linear(local)
     except KeyError:
@@ -90,6 +99,8 @@ def dim_size(cfg: ModelConfig, dim: Dim) -> int:
         "q": cfg.num_heads * cfg.head_dim,
         "kv": cfg.num_kv_heads * cfg.head_dim,
         "vocab": cfg.vocab_size,
+        "experts": cfg.num_experts,
+        "expert_intermediate": cfg.expert_intermediate_size,
     }[dim]
 
 
@@ -121,9 +132,24 @@ def linear_names(cfg: ModelConfig) -> list[str]:
     listed even with tied embeddings: it is then the embedding matrix used as a linear, and a
     recipe may still choose to quantize or ignore it.
     """
-    linears = cfg.family.layer.linears
-    per_layer = [f"layers.{i}.{m.name}" for i in range(cfg.num_layers) for m in linears]
+    per_layer = [
+        f"layers.{i}.{m.name}"
+        for i in range(cfg.num_layers)
+        for m in cfg.layer_spec(i).linears
+        if not stays_float(m)
+    ]
     return [*per_layer, LM_HEAD.name]
+
+
+def stays_float(linear: LayerLinear) -> bool:
+    """A router (one logit per expert) stays float: no quantize entry selects it. It is a
+    sliver of a layer's weights, and a rounded logit can change which experts compute."""
+    return linear.out_dim == "experts"
+
+
+def _linear_parameters(cfg: ModelConfig, m: LayerLinear) -> int:
+    out = dim_size(cfg, m.out_dim)
+    return dim_size(cfg, m.in_dim) * out + (out if has_bias(cfg, m) else 0)
 
 
 def fused_names(cfg: ModelConfig) -> dict[str, Holder]:
@@ -140,19 +166,22 @@ def fused_names(cfg: ModelConfig) -> dict[str, Holder]:
     return holders
 
 
-def parameter_count(cfg: ModelConfig) -> int:
+def parameter_count(cfg: ModelConfig, *, active: bool = False) -> int:
     """The model's parameters: every layer's linears (biases included) and norms (per-head
-    q/k norms too), the final norm, the embedding, and lm_head unless tied."""
-    layer = sum(
-        dim_size(cfg, m.in_dim) * dim_size(cfg, m.out_dim)
-        + (dim_size(cfg, m.out_dim) if has_bias(cfg, m) else 0)
-        for m in cfg.family.layer.linears
-    )
-    layer_spec = cfg.family.layer
-    norms = len(layer_spec.norms) * cfg.hidden_size + len(layer_spec.head_norms) * cfg.head_dim
+    q/k norms too), the final norm, the embedding, and lm_head unless tied. `active`: those
+    one token computes with (of a sparse layer's experts, the top_k chosen; the same as the
+    total for a dense model)."""
+    layers = 0
+    for i in range(cfg.num_layers):
+        spec = cfg.family.sparse_layer if i in cfg.moe_layers else cfg.family.layer
+        copies = cfg.top_k if active else cfg.num_experts  # of each per-expert linear
+        layers += sum(
+            _linear_parameters(cfg, m) * (copies if EXPERT in m.name else 1) for m in spec.linears
+        )
+        layers += len(spec.norms) * cfg.hidden_size + len(spec.head_norms) * cfg.head_dim
     table = cfg.vocab_size * cfg.hidden_size
     head = 0 if cfg.tie_word_embeddings else table
-    return cfg.num_layers * (layer + norms) + cfg.hidden_size + table + head
+    return layers + cfg.hidden_size + table + head
 
 
 def lm_head_source(cfg: ModelConfig) -> str:
@@ -160,9 +189,11 @@ def lm_head_source(cfg: ModelConfig) -> str:
     return "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
 
 
-def scaling_groups(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...]]]:
+def scaling_groups(cfg: ModelConfig, layer: int = 0) -> list[tuple[str, tuple[str, ...]]]:
     """(module whose output is a group's input, the group): where a per-input-channel scale
     of the group (AWQ, SmoothQuant) can be folded without changing the float model, in
-    compute order (`ScaleFold`: a fold through whole heads only without GQA)."""
+    compute order (`ScaleFold`: a fold through whole heads only without GQA), in decoder
+    layer `layer` (a sparse layer's differ from a dense one's)."""
     mha = cfg.num_heads == cfg.num_kv_heads
-    return [(f.source, f.group) for f in cfg.family.layer.folds if mha or not f.whole_heads]
+    folds = cfg.layer_spec(layer).folds
+    return [(f.source, f.group) for f in folds if mha or not f.whole_heads]

@@ -3,6 +3,7 @@ rules of its model family (`family.py`, found by config.json's ``model_type``)."
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -13,7 +14,7 @@ import numpy as np
 
 from ingot.common.errors import IngotError
 
-from .family import MODEL_FAMILIES, ModelFamily, WindowRule
+from .family import MODEL_FAMILIES, LayerSpec, ModelFamily, MoeRule, WindowRule
 
 __all__ = ["ModelConfig", "RopeConfig", "ConfigError"]
 
@@ -71,6 +72,14 @@ class ModelConfig:
     layer_windows: tuple[int | None, ...] | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # A mixture of experts (`ModelFamily.moe`): the layers whose MLP is sparse (`SparseMoE`),
+    # each with `num_experts` experts of width `expert_intermediate_size`, `top_k` chosen per
+    # token, their weights renormalised over the chosen when `norm_topk_prob`. () : dense.
+    moe_layers: tuple[int, ...] = ()
+    num_experts: int = 0
+    top_k: int = 0
+    norm_topk_prob: bool = False
+    expert_intermediate_size: int = 0
     # The leading channels of each head RoPE rotates (even; None: all head_dim of them);
     # the rest pass through (config.json's partial_rotary_factor: Phi-4-mini 0.75).
     rotary_dim: int | None = None
@@ -94,6 +103,15 @@ class ModelConfig:
         if self.layer_windows is None:
             return self.sliding_window
         return self.layer_windows[layer]
+
+    def layer_spec(self, layer: int) -> LayerSpec:
+        """What decoder layer `layer` holds: the family's sparse layer for a layer of
+        `moe_layers` (its per-expert linears written out for `num_experts`), else its
+        layer."""
+        family = self.family
+        if layer in self.moe_layers:
+            return _expanded(family.sparse_layer, self.num_experts)
+        return family.layer
 
     @property
     def windows(self) -> tuple[int | None, ...]:
@@ -167,6 +185,7 @@ class ModelConfig:
             layer_windows=layer_windows,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            **_experts(family.moe, hf),
             rotary_dim=rotary_dim,
             attention_scalar=_attention_scalar(family, hf),
         )
@@ -195,7 +214,14 @@ class ModelConfig:
             d["rope_local"] = RopeConfig(**d["rope_local"])
         if d.get("layer_windows") is not None:
             d["layer_windows"] = tuple(d["layer_windows"])
+        d["moe_layers"] = tuple(d.get("moe_layers", ()))
         return cls(**d)
+
+
+@functools.lru_cache(maxsize=8)
+def _expanded(spec: LayerSpec, num_experts: int) -> LayerSpec:
+    """`spec.expand(num_experts)`, written out once per model, not once per question."""
+    return spec.expand(num_experts)
 
 
 def _switch(rule: bool | str, hf: dict[str, Any]) -> bool:
@@ -271,6 +297,35 @@ def _local_rope(family: ModelFamily, hf: dict[str, Any]) -> RopeConfig | None:
         return _rope_from_hf({"rope_parameters": nested}, ("default",))
     theta = hf.get(family.local_rope_theta_key, family.local_rope_theta_default)
     return RopeConfig(theta=float(theta))
+
+
+def _experts(rule: MoeRule | None, hf: dict[str, Any]) -> dict[str, Any]:
+    """The ModelConfig fields of a mixture of experts (`MoeRule`), as transformers builds its
+    layers: sparse unless in `dense_layers` or off every `sparse_step`-th layer."""
+    if rule is None:
+        return {}
+    aliased = {key: hf[alias] for alias, key in rule.aliases if alias in hf and key not in hf}
+    hf = {**dict(rule.defaults), **hf, **aliased}
+    sizes = {k: hf.get(k) for k in (rule.experts, rule.top_k, rule.expert_intermediate)}
+    missing = [k for k, v in sizes.items() if not isinstance(v, int)]
+    if missing:
+        raise ConfigError(f"config.json lacks integer {', '.join(missing)}")
+    experts, top_k = sizes[rule.experts], sizes[rule.top_k]
+    if experts > 0 and not 0 < top_k <= experts:
+        raise ConfigError(
+            f"config.json: {rule.top_k} {top_k} is not between 1 and {rule.experts} {experts}"
+        )
+    step = hf.get(rule.sparse_step, 1) if rule.sparse_step else 1
+    dense = set(hf.get(rule.dense_layers) or ()) if rule.dense_layers else set()
+    layers = range(hf["num_hidden_layers"]) if experts > 0 else range(0)
+    sparse = tuple(i for i in layers if i not in dense and (i + 1) % step == 0)
+    return dict(
+        moe_layers=sparse,
+        num_experts=experts,
+        top_k=top_k,
+        norm_topk_prob=_switch(rule.norm_topk, hf),
+        expert_intermediate_size=sizes[rule.expert_intermediate],
+    )
 
 
 def _rope_params(hf: dict[str, Any]) -> dict[str, Any]:

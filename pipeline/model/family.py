@@ -21,6 +21,7 @@ Torch-free: the recipe checks and `ingot plan` read it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
@@ -33,18 +34,25 @@ __all__ = [
     "MODEL_FAMILIES",
     "Biases",
     "Dim",
+    "EXPERT",
     "FusedLinear",
     "Gguf",
     "LayerLinear",
     "LayerSpec",
     "ModelFamily",
+    "MoeRule",
     "ScaleFold",
     "TensorNames",
     "WindowRule",
 ]
 
-# The widths a linear reads or writes, by what config.json derives them from.
-Dim = Literal["hidden", "intermediate", "q", "kv", "vocab"]
+# The widths a linear reads or writes, by what config.json derives them from ("experts": a
+# router's output, one logit per expert; "expert_intermediate": an expert MLP's width).
+Dim = Literal["hidden", "intermediate", "q", "kv", "vocab", "experts", "expert_intermediate"]
+
+# In a layer's linear names, {e} stands for an expert's number: "mlp.experts.{e}.up_proj" is
+# one linear per expert of the model (`LayerSpec.expand`).
+EXPERT = "{e}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +107,47 @@ class LayerSpec:
         return tuple((f.source, f.group) for f in self.folds if f.source in self.norms)
 
     def linear(self, local: str) -> LayerLinear:
-        """The entry of a linear by its name inside the layer (`attn.q_proj`)."""
+        """The entry of a linear by its name inside the layer (`attn.q_proj`; an expert's
+        `mlp.experts.3.up_proj` finds the `mlp.experts.{e}.up_proj` entry)."""
+        template = _EXPERT_NUMBER.sub(".experts.{e}.", local)
         for linear in self.linears:
-            if linear.name == local:
+            if linear.name in (local, template):
                 return linear
         raise KeyError(local)
+
+    def expand(self, num_experts: int) -> LayerSpec:
+        """The layer with its per-expert entries ({e}) written out once per expert, in model
+        order: a run of consecutive per-expert entries (an expert's linears, its groups) is
+        repeated expert by expert, as the IR builds its experts and computes each."""
+
+        def fill(item, e: str):
+            if isinstance(item, LayerLinear):
+                return LayerLinear(
+                    item.name.replace(EXPERT, e), item.in_dim, item.out_dim, item.bias
+                )
+            if isinstance(item, ScaleFold):
+                return ScaleFold(fill(item.source, e), fill(item.group, e), item.whole_heads)
+            if isinstance(item, tuple):
+                return tuple(n.replace(EXPERT, e) for n in item)
+            return item.replace(EXPERT, e)
+
+        def expanded(items: tuple) -> tuple:
+            out, run = [], []
+            for item in (*items, None):
+                if item is not None and EXPERT in repr(item):
+                    run.append(item)
+                    continue
+                out.extend(fill(r, str(e)) for e in range(num_experts) for r in run)
+                run = []
+                if item is not None:
+                    out.append(item)
+            return tuple(out)
+
+        linears, groups, folds = map(expanded, (self.linears, self.groups, self.folds))
+        return dataclasses.replace(self, linears=linears, groups=groups, folds=folds)
+
+
+_EXPERT_NUMBER = re.compile(r"\.experts\.\d+\.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +163,9 @@ class FusedLinear:
 
 @dataclass(frozen=True, slots=True)
 class TensorNames:
-    """Checkpoint (HF) <-> IR tensor names, as (HF prefix, IR prefix) pairs; {i} stands for a
-    layer number. Names no prefix matches (lm_head) are the same in both."""
+    """Checkpoint (HF) <-> IR tensor names, as (HF prefix, IR prefix) pairs, the first that
+    matches applies; {i} stands for a layer number, {e} for an expert's. Names no prefix
+    matches (lm_head) are the same in both."""
 
     prefixes: tuple[tuple[str, str], ...]
 
@@ -135,14 +180,25 @@ class TensorNames:
 
 @functools.cache
 def _rules(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern[str], str], ...]:
-    """(pattern, replacement) per (from, to) prefix pair; {i} matches and keeps the number."""
-    return tuple(
-        (
-            re.compile("^" + re.escape(old).replace(re.escape("{i}"), r"(\d+)")),
-            new.replace("{i}", r"\1"),
-        )
-        for old, new in pairs
-    )
+    """(pattern, replacement) per (from, to) prefix pair; {i} and {e} match and keep their
+    numbers."""
+    numbers = {"{i}": "i", "{e}": "e"}
+
+    # A prefix ending in "." also matches the module it names ("…experts.0.w1" as well as
+    # "…experts.0.w1.weight"): a family renaming a module itself (Mixtral's w1 -> gate_proj)
+    # renames a module's name as its tensors'.
+    def pattern(old: str) -> re.Pattern[str]:
+        text = re.escape(old.removesuffix("."))
+        for mark, group in numbers.items():
+            text = text.replace(re.escape(mark), rf"(?P<{group}>\d+)")
+        return re.compile("^" + text + (r"(?P<end>\.|$)" if old.endswith(".") else ""))
+
+    def replacement(old: str, new: str) -> str:
+        for mark, group in numbers.items():
+            new = new.replace(mark, rf"\g<{group}>")
+        return new.removesuffix(".") + r"\g<end>" if old.endswith(".") else new
+
+    return tuple((pattern(old), replacement(old, new)) for old, new in pairs)
 
 
 def _rename(name: str, rules: tuple[tuple[re.Pattern[str], str], ...]) -> str:
@@ -205,6 +261,26 @@ class Gguf:
 
 
 @dataclass(frozen=True, slots=True)
+class MoeRule:
+    """Where config.json describes a sparse mixture-of-experts MLP: each of `experts` experts
+    (a gated MLP of width `expert_intermediate`) and a router choosing `top_k` of them per
+    token, their softmax weights renormalised over the chosen when `norm_topk` (always, or as
+    that key says; absent: not). Every layer is sparse unless the family names `sparse_step`
+    (every n-th layer, counting from 1) or `dense_layers` (a list of layers kept dense)."""
+
+    experts: str  # "num_local_experts" (Mixtral), "num_experts" (Qwen3-MoE)
+    top_k: str = "num_experts_per_tok"
+    norm_topk: bool | str = True
+    expert_intermediate: str = "intermediate_size"
+    sparse_step: str | None = None  # "decoder_sparse_step"
+    dense_layers: str | None = None  # "mlp_only_layers"
+    # transformers' values for the keys above a config.json may omit: (key, value) pairs.
+    defaults: tuple[tuple[str, int], ...] = ()
+    # Other names config.json may give those keys (transformers' attribute_map): (alias, key).
+    aliases: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ModelFamily:
     """One model family (see the module docstring for who reads what)."""
 
@@ -237,6 +313,11 @@ class ModelFamily:
     # config.json keys the IR does not implement: a checkpoint setting any (not null / false)
     # is refused when its config is read (Gemma's logit soft-capping).
     unsupported_keys: tuple[str, ...] = ()
+    # A mixture-of-experts family: the layer whose MLP is sparse (router + experts; `layer`
+    # stays the dense one, which the layers `moe` keeps dense use), and how config.json
+    # describes the experts. None: every layer is `layer`.
+    sparse_layer: LayerSpec | None = None
+    moe: MoeRule | None = None
 
     def fused_of(self, local: str) -> FusedLinear | None:
         """The fused tensor a linear of the layer (`attn.q_proj`) is stored in, if any."""
@@ -257,6 +338,8 @@ MODEL_FAMILIES: Registry[ModelFamily] = Registry(
         "phi3": "ingot.pipeline.model.families.phi3",
         "qwen3": "ingot.pipeline.model.families.qwen3",
         "gemma3_text": "ingot.pipeline.model.families.gemma3",
+        "mixtral": "ingot.pipeline.model.families.mixtral",
+        "qwen3_moe": "ingot.pipeline.model.families.qwen3_moe",
     },
     group="ingot.model_families",
 )

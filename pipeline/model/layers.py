@@ -1,5 +1,5 @@
-"""The building blocks of a decoder layer: norms, attention, gated MLP, and the pre-norm layer
-that joins them.
+"""The building blocks of a decoder layer: norms, attention, gated MLP, the sparse mixture of
+experts, and the pre-norm layer that joins them.
 
 A block takes what varies between families from the model's family (`cfg.family`): each
 linear's shape and bias from the family's layer table, the norm and the MLP's activation by
@@ -15,8 +15,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .architecture import has_bias, layer_linear, linear_shape
+from .architecture import dim_size, has_bias
 from .config import ModelConfig
+from .family import LayerSpec
 from .kv_rounding import KVQuant
 from .rope import apply_rotary
 
@@ -27,6 +28,7 @@ __all__ = [
     "OffsetRMSNorm",
     "Attention",
     "MLP",
+    "SparseMoE",
     "DecoderLayer",
     "make_norm",
 ]
@@ -87,9 +89,11 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return NORMS[cfg.family.norm](cfg.hidden_size, cfg.rms_norm_eps)
 
 
-def _linear(cfg: ModelConfig, name: str) -> nn.Linear:
-    """The family's linear `name` (inside the layer): its shape and bias from the table."""
-    return nn.Linear(*linear_shape(cfg, name), bias=has_bias(cfg, layer_linear(name, cfg)))
+def _linear(cfg: ModelConfig, name: str, spec: LayerSpec | None = None) -> nn.Linear:
+    """The family's linear `name` (inside the layer): its shape and bias from the table of
+    `spec` (None: the family's dense layer)."""
+    m = (spec or cfg.family.layer).linear(name)
+    return nn.Linear(dim_size(cfg, m.in_dim), dim_size(cfg, m.out_dim), bias=has_bias(cfg, m))
 
 
 class Attention(nn.Module):
@@ -173,23 +177,62 @@ def _heads(x: torch.Tensor, heads: int, norm: nn.Module | None) -> torch.Tensor:
 
 
 class MLP(nn.Module):
-    """Gated MLP: down(act(gate(x)) * up(x)); act is the family's (silu: SwiGLU)."""
+    """Gated MLP: down(act(gate(x)) * up(x)); act is the family's (silu: SwiGLU). The layer's
+    MLP, or (`prefix` "mlp.experts.{e}" of the sparse layer's `spec`) one expert."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, prefix: str = "mlp", spec: LayerSpec | None = None):
         super().__init__()
         self.activation = cfg.family.activation  # by name: the ONNX decoder emits the same
-        self.gate_proj = _linear(cfg, "mlp.gate_proj")
-        self.up_proj = _linear(cfg, "mlp.up_proj")
-        self.down_proj = _linear(cfg, "mlp.down_proj")
+        self.gate_proj = _linear(cfg, f"{prefix}.gate_proj", spec)
+        self.up_proj = _linear(cfg, f"{prefix}.up_proj", spec)
+        self.down_proj = _linear(cfg, f"{prefix}.down_proj", spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         act = ACTIVATIONS[self.activation]
         return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
 
 
+class SparseMoE(nn.Module):
+    """A sparse mixture of experts: the router scores every expert per token, the `top_k`
+    best compute, and their outputs sum weighted by the softmax of the router's logits (over
+    every expert, in fp32), renormalised over the chosen when `norm_topk_prob` (Mixtral's
+    softmax over the top-k logits is that renormalisation)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        spec = cfg.family.sparse_layer
+        self.router = _linear(cfg, "mlp.router", spec)  # hidden -> one logit per expert
+        self.experts = nn.ModuleList(
+            MLP(cfg, f"mlp.experts.{e}", spec) for e in range(cfg.num_experts)
+        )
+        self.top_k = cfg.top_k
+        self.norm_topk_prob = cfg.norm_topk_prob
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [N, hidden] -> (weights [N, top_k] fp32, experts [N, top_k] int64)."""
+        probs = torch.softmax(self.router(x).float(), dim=-1)  # [N, E]
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, chosen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, hidden] -> [B, T, hidden]: each expert runs on the tokens routed to it."""
+        flat = x.reshape(-1, x.shape[-1])  # [N, hidden]
+        weights, chosen = self.route(flat)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == e)  # [n] each: the tokens choosing e
+            if token.numel():
+                y = expert(flat[token]) * weights[token, slot, None].to(x.dtype)
+                out.index_add_(0, token, y)
+        return out.view_as(x)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
+        self.index = index  # its place in the model: what it holds is `cfg.layer_spec(index)`
         # The attention window of this layer (None: the whole context) and the RoPE it rotates
         # by; the caller hands `forward` that window's mask (`llama.window_masks`) and that
         # RoPE's cos / sin (`llama.rope_tables`).
@@ -198,7 +241,7 @@ class DecoderLayer(nn.Module):
         self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg)
         self.mlp_norm = make_norm(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp = SparseMoE(cfg) if index in cfg.moe_layers else MLP(cfg)
         # A sandwich layer's norms of the sublayers' outputs (`LayerSpec.post_norms`), else
         # None: the outputs join the residual stream as they are.
         post = cfg.family.layer.post_norms

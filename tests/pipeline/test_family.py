@@ -47,13 +47,14 @@ def test_every_feature_a_family_names_has_a_block(name: str) -> None:
     assert family.norm in layers.NORMS and family.norm in decoder.NORMS
     assert family.activation in layers.ACTIVATIONS and family.activation in decoder.ACTIVATIONS
     assert set(family.rope_scalings) <= set(rope.SCALINGS)
-    layer = family.layer
-    names = [linear.name for linear in layer.linears]
-    assert [n for group in layer.groups for n in group] == names  # each once, compute order
-    assert set(layer.rotated) <= set(names)
-    for fold in layer.folds:
-        assert fold.group in layer.groups
-        assert fold.source in layer.norms or fold.source in names
+    sparse = () if family.sparse_layer is None else (family.sparse_layer.expand(3),)
+    for layer in (family.layer, *sparse):
+        names = [linear.name for linear in layer.linears]
+        assert [n for group in layer.groups for n in group] == names  # each once, compute order
+        assert set(layer.rotated) <= set(names)
+        for fold in layer.folds:
+            assert fold.group in layer.groups
+            assert fold.source in layer.norms or fold.source in names
 
 
 def test_bias_rules() -> None:
