@@ -45,7 +45,9 @@ per sequence, not for every position of the call.
 
 The layer is the IR's (`model/layers.py`): its linears (and their biases) are the modules'
 own; the norm and the MLP's activation are the model family's, emitted from `NORMS` and
-`ACTIVATIONS`, this graph's counterparts of the IR's tables of the same names.
+`ACTIVATIONS`, this graph's counterparts of the IR's tables of the same names; its
+feed-forward block is the dense MLP or the sparse mixture of experts (export/moe.py), by
+`FEED_FORWARDS`.
 """
 
 from __future__ import annotations
@@ -65,17 +67,20 @@ from ..model.config import ModelConfig
 from ..model.kv_quant import KVQuantLayers, KVScales
 from ..model.kv_rounding import KVQuant
 from ..model.layer_source import LayerSource, ModelLayers
+from ..model.layers import MLP, SparseMoE
 from ..model.llama import LlamaModel
 from ..model.rope import inv_frequencies
 from .embedding import emit_embedding
 from .errors import ExportError
 from .graph import GraphBuilder
+from .moe import sparse_moe
 from .weights import emit_linear, emit_linears
 
 __all__ = [
     "DATA_FILE",
     "MODEL_FILE",
     "ACTIVATIONS",
+    "FEED_FORWARDS",
     "NORMS",
     "OPSET",
     "SharedTensors",
@@ -345,7 +350,8 @@ def _layer(g, cfg, layer, i, x, positions, pool, tables, mask, c: SharedTensors,
     attn = attention(g, layer.attn, i, h, positions, pool, tables, mask, c, kv_type)
     x = g.op("Add", [x, attn], f"{name}/attn_residual")
     h = norm(g, cfg, x, layer.mlp_norm, f"{name}.mlp_norm")
-    return g.op("Add", [x, mlp(g, layer.mlp, f"{name}.mlp", h)], f"{name}/mlp_residual")
+    ffn = FEED_FORWARDS[type(layer.mlp)](g, layer.mlp, f"{name}.mlp", h)  # [S, Q, hidden]
+    return g.op("Add", [x, ffn], f"{name}/mlp_residual")
 
 
 def attention(g, attn, i, h, positions, pool, tables, mask, c: SharedTensors, kv_type) -> str:
@@ -426,6 +432,14 @@ def mlp(g: GraphBuilder, module: torch.nn.Module, m: str, h: str) -> str:
     )  # [S, Q, ffn] each
     act = g.op("Mul", [ACTIVATIONS[module.activation](g, gate, m), up], f"{m}/gated")
     return emit_linear(g, act, module.down_proj, f"{m}.down_proj")
+
+
+# A layer's feed-forward block by its IR module: the dense MLP, or the sparse mixture of
+# experts (export/moe.py) whose experts are MLPs.
+FEED_FORWARDS: dict[type, Callable[[GraphBuilder, torch.nn.Module, str, str], str]] = {
+    MLP: mlp,
+    SparseMoE: lambda g, module, m, h: sparse_moe(g, module, m, h, expert=mlp),
+}
 
 
 def _silu(g: GraphBuilder, x: str, m: str) -> str:
