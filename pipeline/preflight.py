@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .engines import ENGINE_BUILDERS
 from .export import decoder
 from .interop.checks import interop_problems
 from .model import layers
@@ -40,6 +41,13 @@ def check_recipe_against_model(
     problems = family_problems(cfg.family, "source")
     problems += mixed_window_problems(cfg, "source", recipe)
     problems += model_problems(recipe, cfg) + interop_problems(recipe, cfg)
+    problems += [  # what each target's engine cannot run of the model (its builder says)
+        problem
+        for index, target in enumerate(recipe.targets)
+        for problem in ENGINE_BUILDERS.get(target.engine).model_problems(
+            target, cfg, f"targets.{index}"
+        )
+    ]
     _raise(problems, recipe_file)
 
 

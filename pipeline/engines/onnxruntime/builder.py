@@ -56,6 +56,9 @@ class OnnxRuntimeBuilder:
     def recipe_problems(self, target: OnnxRuntimeTarget, recipe: Any) -> list[str]:
         return []  # the exported graph is ONNX Runtime's: it runs whatever exports
 
+    def model_problems(self, target: OnnxRuntimeTarget, cfg: Any, where: str) -> list[str]:
+        return []  # as above; mixtures of experts run as QMoE or the standard block (qmoe.py)
+
     def accuracy(self, target: OnnxRuntimeTarget) -> Accuracy:
         """Int8 activations at MatMulNBits accuracy level 4, else exact (fp32)."""
         return "int8_activations" if target.matmul_accuracy_level == 4 else "exact"
