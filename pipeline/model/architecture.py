@@ -40,6 +40,7 @@ __all__ = [
     "lm_head_source",
     "parameter_count",
     "scaling_groups",
+    "stays_float",
 ]
 
 LAYER_LINEARS = LAYER.linears
@@ -134,9 +135,15 @@ def linear_names(cfg: ModelConfig) -> list[str]:
         f"layers.{i}.{m.name}"
         for i in range(cfg.num_layers)
         for m in cfg.layer_spec(i).linears
-        if m.out_dim != "experts"  # a router stays float: not a quantize entry's linear
+        if not stays_float(m)
     ]
     return [*per_layer, LM_HEAD.name]
+
+
+def stays_float(linear: LayerLinear) -> bool:
+    """A router (one logit per expert) stays float: no quantize entry selects it. It is a
+    sliver of a layer's weights, and a rounded logit can change which experts compute."""
+    return linear.out_dim == "experts"
 
 
 def _linear_parameters(cfg: ModelConfig, m: LayerLinear) -> int:

@@ -169,18 +169,21 @@ def _rules(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern[str], s
     numbers."""
     numbers = {"{i}": "i", "{e}": "e"}
 
+    # A prefix ending in "." also matches the module it names ("…experts.0.w1" as well as
+    # "…experts.0.w1.weight"): a family renaming a module itself (Mixtral's w1 -> gate_proj)
+    # renames a module's name as its tensors'.
     def pattern(old: str) -> re.Pattern[str]:
-        text = re.escape(old)
+        text = re.escape(old.removesuffix("."))
         for mark, group in numbers.items():
             text = text.replace(re.escape(mark), rf"(?P<{group}>\d+)")
-        return re.compile("^" + text)
+        return re.compile("^" + text + (r"(?P<end>\.|$)" if old.endswith(".") else ""))
 
-    def replacement(new: str) -> str:
+    def replacement(old: str, new: str) -> str:
         for mark, group in numbers.items():
             new = new.replace(mark, rf"\g<{group}>")
-        return new
+        return new.removesuffix(".") + r"\g<end>" if old.endswith(".") else new
 
-    return tuple((pattern(old), replacement(new)) for old, new in pairs)
+    return tuple((pattern(old), replacement(old, new)) for old, new in pairs)
 
 
 def _rename(name: str, rules: tuple[tuple[re.Pattern[str], str], ...]) -> str:

@@ -181,6 +181,7 @@ class SparseMoE(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
+        self.index = index  # its place in the model: what it holds is `cfg.layer_spec(index)`
         # The attention window of this layer (None: the whole context); the caller hands
         # `forward` the mask of this window (`llama.window_masks`).
         self.window = cfg.window_of(index)

@@ -45,7 +45,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -58,7 +58,7 @@ from ingot.calibration.dataset import CalibrationSet
 from ..model.architecture import LM_HEAD, linear_names
 from ..model.config import ModelConfig
 from ..model.layer_source import LayerSource, ModelLayers
-from ..model.layers import DecoderLayer
+from ..model.layers import DecoderLayer, SparseMoE
 from ..model.llama import LlamaModel
 from ..model.qembedding import QuantizedEmbedding
 from ..model.selection import EMBEDDING, embedding_entry, entry_for
@@ -80,6 +80,7 @@ from .layerwise import (
     round_linears,
 )
 from .method import QuantEntry, method_of
+from .moe_calibration import quantize_sparse_layer
 from .summary import summaries
 
 __all__ = ["LayerCheckpoints", "full_float32", "quantize_in_place", "quantize_layers"]
@@ -96,9 +97,13 @@ class _Finished(Protocol):
 
     def done(self, i: int) -> bool: ...
 
-    def put(self, i: int, layer: DecoderLayer) -> None: ...
+    def put(self, i: int, layer: DecoderLayer, experts: dict[str, dict]) -> None: ...
 
     def get(self, i: int) -> DecoderLayer: ...
+
+    def experts(self) -> dict[str, dict]:
+        """The calibrated experts' records of the finished layers (`moe_calibration`)."""
+        ...
 
     def lm_head_done(self) -> bool: ...
 
@@ -127,9 +132,19 @@ class LayerCheckpoints:
     def mark_done(self, i: int) -> None:
         self._mark(f"layer_{i}")
 
-    def put(self, i: int, layer: DecoderLayer) -> None:
+    def put(self, i: int, layer: DecoderLayer, experts: dict[str, dict] | None = None) -> None:
         save_layer(layer, self.stem(i))
+        if experts:  # before the layer is done: a resumed run finds them
+            self.stem(i).with_suffix(".experts.json").write_text(json.dumps(experts))
         self.mark_done(i)
+
+    def experts(self) -> dict[str, dict]:
+        records: dict[str, dict] = {}
+        for i in range(self.cfg.num_layers):
+            file = self.stem(i).with_suffix(".experts.json")
+            if file.exists():
+                records.update(json.loads(file.read_text()))
+        return records
 
     def get(self, i: int) -> DecoderLayer:
         return load_layer(self.cfg, i, self.stem(i))
@@ -172,12 +187,17 @@ class _InModel:
     """Finished layers stay in the model they were quantized in (nothing to resume)."""
 
     model: LlamaModel
+    calibrated_experts: dict[str, dict] = field(default_factory=dict)
 
     def done(self, i: int) -> bool:
         return False
 
-    def put(self, i: int, layer: DecoderLayer) -> None:
+    def put(self, i: int, layer: DecoderLayer, experts: dict[str, dict] | None = None) -> None:
         self.model.layers[i] = layer
+        self.calibrated_experts.update(experts or {})
+
+    def experts(self) -> dict[str, dict]:
+        return self.calibrated_experts
 
     def get(self, i: int) -> DecoderLayer:
         raise AssertionError("an in-memory run has no finished layers to replay")
@@ -242,7 +262,7 @@ def quantize_in_place(
     else:
         with tempfile.TemporaryDirectory(prefix="ingot-acts-") as tmp:
             _walk(source, entries, finished, calibration, Path(tmp), where, None)
-    return summaries(entries, linear_names(model.cfg))
+    return summaries(entries, linear_names(model.cfg), experts=finished.experts())
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,11 +348,12 @@ def _quantize_one_layer(
 ) -> None:
     """Load layer i, quantize it, hand it to ``finished`` (on the CPU); nothing of it outlives
     the call (unless the source keeps it: a model in memory)."""
-    layer, plan = source.layer(i), layer_plan(i, entries)
+    layer, plan = source.layer(i), layer_plan(i, entries, source.cfg)
     round_linears(layer, plan)  # on the CPU, whatever the device
+    experts: dict[str, dict] = {}
     if acts is not None:
-        acts.quantize(i, layer, plan, keep=keep)
-    finished.put(i, layer)
+        acts.quantize(i, layer, plan, keep=keep, experts=experts)
+    finished.put(i, layer, experts)
 
 
 def _quantize_lm_head(
@@ -403,16 +424,21 @@ class _Activations:
         file."""
         return lambda name, shape: self.space.store(f"{name}-{i % 2}", shape)
 
-    def quantize(self, i: int, layer: DecoderLayer, plan: LayerPlan, *, keep: bool) -> None:
+    def quantize(
+        self, i: int, layer: DecoderLayer, plan: LayerPlan, *, keep: bool, experts: dict
+    ) -> None:
         """Quantize layer i's calibrated linears on its inputs, on the device; the layer is
         back on the CPU when this returns. Its outputs (if ``keep``) become the next layer's
-        inputs."""
+        inputs; a sparse layer's calibrated experts' records go in ``experts``."""
         x = self.x
         layer.to(self.forward.device)
+        stores = self._stores(i)
         try:
-            outputs = quantize_layer(
-                layer, x, plan, self.forward, self.cfg, self._stores(i), outputs=keep
-            )
+            args = (layer, x, plan, self.forward, self.cfg, stores)
+            if isinstance(layer.mlp, SparseMoE):
+                outputs = quantize_sparse_layer(*args, outputs=keep, experts=experts)
+            else:
+                outputs = quantize_layer(*args, outputs=keep)
         finally:
             layer.to(_CPU)
         self._advance(outputs)
@@ -468,4 +494,4 @@ def _write_ir(
         quantized.update({prefix + k: q for k, q in meta.items()})
     write_ir_config(cfg, dict(sorted(quantized.items())), out)
     write_safetensors(out / "ir.safetensors", tensors)
-    return summaries(entries, linear_names(cfg))
+    return summaries(entries, linear_names(cfg), experts=checkpoints.experts())

@@ -35,8 +35,10 @@ from torch import nn
 from ingot.calibration.activations import ActivationStore
 from ingot.calibration.capture import AbsMaxObserver, ChannelObserver, HessianObserver, input_of
 
-from ..model.architecture import GATE_UP, LAYER_GROUPS, NORM_GROUPS, QKV, scaling_groups
+from ..model.architecture import GATE_UP, LAYER_GROUPS, QKV, scaling_groups, stays_float
 from ..model.config import ModelConfig
+from ..model.families.llama import LAYER
+from ..model.family import LayerSpec
 from ..model.layers import DecoderLayer
 from ..model.llama import window_masks
 from ..model.qlinear import dequantize_in_place, dequantized, replace_module
@@ -46,6 +48,10 @@ from .method import CHANNEL_SAMPLE_TOKENS, Group, GroupInputs, Observation, Quan
 from .threads import solver_threads
 
 __all__ = [
+    "LayerSteps",
+    "Observed",
+    "attention_in_sequence",
+    "mlp_outputs",
     "LayerForward",
     "LayerPlan",
     "dequantized_for_propagation",
@@ -84,11 +90,15 @@ def round_linears(module: nn.Module, plan: Mapping[str, QuantEntry]) -> None:
                 replace_module(module, name, rounded)
 
 
-def layer_plan(i: int, entries: Sequence[QuantEntry]) -> LayerPlan:
-    """Which entry quantizes each linear of layer i (the recipe checks allow one)."""
+def layer_plan(i: int, entries: Sequence[QuantEntry], cfg: ModelConfig | None = None) -> LayerPlan:
+    """Which entry quantizes each linear of layer i (the recipe checks allow one), of what
+    `cfg`'s layer i holds (None: the Llama layer)."""
     plan = {}
-    for group in LAYER_GROUPS:
+    spec = LAYER if cfg is None else cfg.layer_spec(i)
+    for group in spec.groups:
         for name in group:
+            if stays_float(spec.linear(name)):
+                continue
             entry = entry_for(f"layers.{i}.{name}", entries)
             if entry is not None:
                 plan[name] = entry
@@ -154,14 +164,15 @@ def quantize_layer(
     without ``outputs`` (the last layer: its outputs feed nothing).
 
     True-sequentially when an entry of the plan asks for it (GPTQ's default); otherwise
-    every group is observed on the layer as loaded, in one pass."""
-    step = _Steps(layer, plan, forward, cfg, x.shape[0], x.shape[1])
-    if any(method_of(e).sequential(e) for e in plan.values()):
+    every group is observed on the layer as loaded, in one pass. (A sparse layer:
+    `moe_calibration.quantize_sparse_layer`.)"""
+    step = LayerSteps(layer, plan, forward, cfg, x.shape[0], x.shape[1])
+    if step.sequential:
         return _true_sequential(step, x, new_store, outputs)
     return _observe_once(step, x, new_store, outputs)
 
 
-def _observe_once(step: _Steps, x: ActivationStore, new_store, outputs: bool):
+def _observe_once(step: LayerSteps, x: ActivationStore, new_store, outputs: bool):
     layer, forward = step.layer, step.forward
     observed = {group: step.observers(group) for group in LAYER_GROUPS}
     qkv, o, gate_up, down = (observed[g] for g in LAYER_GROUPS)
@@ -190,13 +201,49 @@ def _observe_once(step: _Steps, x: ActivationStore, new_store, outputs: bool):
     return out
 
 
-def _true_sequential(step: _Steps, x: ActivationStore, new_store, outputs: bool):
+def _true_sequential(step: LayerSteps, x: ActivationStore, new_store, outputs: bool):
     # Each group observed on what the quantized groups before it produce. The layer is computed
     # in steps along that order, keeping what later steps reuse (the attention output before
     # o_proj, the residual stream after attention), so the attention runs once, not per group.
+    layer = step.layer
+    n, t = x.shape[0], x.shape[1]
+    _, _, gate_up, down = LAYER_GROUPS
+    resid = attention_in_sequence(step, x, new_store)
+
+    step.quantize(gate_up, lambda a, b: layer.mlp_norm(resid.read(a, b)))
+
+    def down_input(a: int, b: int) -> torch.Tensor:
+        h = layer.mlp_norm(resid.read(a, b))
+        return input_of(layer.mlp.down_proj, lambda: layer.mlp(h))
+
+    step.quantize(down, down_input)
+    if not outputs:
+        resid.close()
+        return None
+    return mlp_outputs(step, resid, new_store, (n, t, step.cfg.hidden_size))
+
+
+def mlp_outputs(step: LayerSteps, resid: ActivationStore, new_store, shape) -> ActivationStore:
+    """The layer's outputs from the residual stream after its attention (closed after)."""
+    layer = step.layer
+    out = new_store("out", shape)
+
+    def output(a: int, b: int) -> torch.Tensor:
+        # The same operations as DecoderLayer.forward, so a resumed run's replay matches.
+        h = resid.read(a, b)
+        return h + layer.mlp(layer.mlp_norm(h))
+
+    step.fill(out, output)
+    resid.close()
+    return out
+
+
+def attention_in_sequence(step: LayerSteps, x: ActivationStore, new_store) -> ActivationStore:
+    """q,k,v then o quantized true-sequentially; returns the residual stream after the
+    quantized attention (a store from ``new_store``)."""
     layer, forward, cfg = step.layer, step.forward, step.cfg
     n, t = x.shape[0], x.shape[1]
-    qkv, o, gate_up, down = LAYER_GROUPS
+    qkv, o = LAYER_GROUPS[:2]
 
     step.quantize(qkv, lambda a, b: layer.attn_norm(x.read(a, b)))
     attn = new_store("attn", (n, t, cfg.num_heads * cfg.head_dim))  # o_proj's input
@@ -211,31 +258,11 @@ def _true_sequential(step: _Steps, x: ActivationStore, new_store, outputs: bool)
     resid = new_store("resid", (n, t, cfg.hidden_size))  # the residual stream after attention
     step.fill(resid, lambda a, b: x.read(a, b) + layer.attn.o_proj(attn.read(a, b)))
     attn.close()
-
-    step.quantize(gate_up, lambda a, b: layer.mlp_norm(resid.read(a, b)))
-
-    def down_input(a: int, b: int) -> torch.Tensor:
-        h = layer.mlp_norm(resid.read(a, b))
-        return input_of(layer.mlp.down_proj, lambda: layer.mlp(h))
-
-    step.quantize(down, down_input)
-    if not outputs:
-        resid.close()
-        return None
-    out = new_store("out", (n, t, cfg.hidden_size))
-
-    def output(a: int, b: int) -> torch.Tensor:
-        # The same operations as DecoderLayer.forward, so a resumed run's replay matches.
-        h = resid.read(a, b)
-        return h + layer.mlp(layer.mlp_norm(h))
-
-    step.fill(out, output)
-    resid.close()
-    return out
+    return resid
 
 
 @dataclass(slots=True)
-class _Observed:
+class Observed:
     """The statistics being gathered for one group's shared input."""
 
     width: int
@@ -260,7 +287,7 @@ class _Observed:
 
 
 @dataclass(slots=True)
-class _Steps:
+class LayerSteps:
     """The chunked computations of one layer, with its quantized linears dequantized once."""
 
     layer: DecoderLayer
@@ -269,6 +296,16 @@ class _Steps:
     cfg: ModelConfig
     samples: int
     seq_len: int
+
+    @property
+    def sequential(self) -> bool:
+        """An entry of the plan fits each group to the quantized groups before it (GPTQ)."""
+        return any(method_of(e).sequential(e) for e in self.plan.values())
+
+    @property
+    def spec(self) -> LayerSpec:
+        """What this layer holds (its groups, its folds)."""
+        return self.cfg.layer_spec(self.layer.index)
 
     def chunks(self) -> list[tuple[int, int]]:
         b = self.forward.batch
@@ -282,13 +319,13 @@ class _Steps:
                 if store is not None:
                     store.write(a, result)
 
-    def _chosen(self, group: tuple[str, ...]) -> list[str]:
+    def chosen(self, group: tuple[str, ...]) -> list[str]:
         plan = self.plan
         return [n for n in group if n in plan and plan[n].calibrated]
 
-    def observers(self, group: tuple[str, ...]) -> _Observed | None:
+    def observers(self, group: tuple[str, ...]) -> Observed | None:
         """What the group's calibrated linears need observed; None if nothing."""
-        chosen = self._chosen(group)
+        chosen = self.chosen(group)
         if not chosen:
             return None
         wanted = Observation.NONE
@@ -302,10 +339,10 @@ class _Steps:
             tokens = CHANNEL_SAMPLE_TOKENS
             channels = ChannelObserver(width, self.samples, self.seq_len, tokens, device)
         absmax = AbsMaxObserver(width, device) if Observation.ABSMAX in wanted else None
-        return _Observed(width, hessian, channels, absmax)
+        return Observed(width, hessian, channels, absmax)
 
     @staticmethod
-    def feed(observed: _Observed | None, x: torch.Tensor) -> None:
+    def feed(observed: Observed | None, x: torch.Tensor) -> None:
         if observed is not None:
             observed(x)
 
@@ -316,7 +353,7 @@ class _Steps:
             self.fill(None, lambda a, b: observed(inputs(a, b)))
         return self.finish(group, observed)
 
-    def finish(self, group: tuple[str, ...], observed: _Observed | None) -> bool:
+    def finish(self, group: tuple[str, ...], observed: Observed | None) -> bool:
         """Quantize the group's calibrated linears from what was observed. True when a scale
         was folded into the module before the group (its input changed)."""
         if observed is None:
@@ -326,7 +363,7 @@ class _Steps:
             scale = self._scale(group, inputs)
             if scale is not None:
                 inputs = inputs.scaled(scale)  # what the scaled linears now receive
-            for name in self._chosen(group):
+            for name in self.chosen(group):
                 entry, linear = self.plan[name], self.layer.get_submodule(name)
                 quantized = method_of(entry).finish(linear, name, entry, inputs)
                 replace_module(self.layer, name, quantized)
@@ -345,8 +382,8 @@ class _Steps:
             group,
             tuple(entries),
             inputs,
-            prev={linears: prev for prev, linears in scaling_groups(self.cfg)}.get(group),
-            norm={linears: norm for norm, linears in NORM_GROUPS}.get(group),
+            prev={ls: prev for prev, ls in scaling_groups(self.cfg, layer.index)}.get(group),
+            norm={linears: norm for norm, linears in self.spec.norm_groups}.get(group),
             seq_len=self.seq_len,
             inspect=lambda x: _inspected_output(layer, group, x, forward),
         )

@@ -24,7 +24,7 @@ from ingot.calibration.dataset import CalibrationSet
 from ..device import DeviceSettings
 from ..model.architecture import linear_names
 from ..model.load import CheckpointReader
-from ..quantize.driver import quantize_layers
+from ..quantize.driver import LayerCheckpoints, quantize_layers
 from ..quantize.layerwise import needs_calibration
 from ..quantize.method import QuantEntry
 from ..quantize.summary import summaries
@@ -126,11 +126,15 @@ def run_quantize(
             device=settings.device,
             offload=settings.offload,
         )
+        experts = LayerCheckpoints(work, source.cfg).experts()  # how each was calibrated
     finally:
         if work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     records = summaries(
-        entries, linear_names(source.cfg), resolved.records() if resolved is not None else None
+        entries,
+        linear_names(source.cfg),
+        resolved.records() if resolved is not None else None,
+        experts=experts,
     )
     if resolved is not None:
         (out / QuantizeOutput.RESOLVED).write_text(json.dumps(resolved.lock_entry()) + "\n")
