@@ -88,7 +88,7 @@ def _check_group_size(at: str, entry: Quantize, chosen: list[str], cfg: ModelCon
     group_size = -1 if grid is None else grid.group_size
     if group_size <= 0:
         return []
-    in_dims = {layer_linear(m).in_dim for m in chosen}
+    in_dims = {layer_linear(m, cfg).in_dim for m in chosen}
     widths = {dim_label(cfg, d): dim_size(cfg, d) for d in sorted(in_dims)}
     bad = [f"{label} {width}" for label, width in widths.items() if width % group_size]
     if not bad:
