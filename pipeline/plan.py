@@ -20,8 +20,9 @@ from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
 
 from .engines import ENGINE_BUILDERS
 from .engines.base import EngineSizing, EngineTarget, engine_name
-from .model.architecture import LAYER_LINEARS, linear_names, linear_shape
+from .model.architecture import LayerLinear, linear_names, linear_shape
 from .model.config import ConfigError, ModelConfig
+from .model.family import EXPERT
 from .model.selection import selected
 from .preflight import with_model_defaults
 from .quantize.method import LayerCost, LayerWork, Observation, method_of
@@ -103,12 +104,44 @@ class Plan:
 
 @dataclass(frozen=True, slots=True)
 class _Shapes:
+    """The model's parameters by layer. A mixture of experts' layers differ (a sparse layer
+    holds every expert; Qwen3-MoE may keep some layers dense), so what one layer holds is the
+    widest layer's (one layer at a time: the most any stage holds), and what a token computes
+    with is the active count (of the experts, the top_k it is routed to)."""
+
     cfg: ModelConfig
+
+    def _layer(self, i: int, active: bool = False) -> int:
+        cfg = self.cfg
+        sparse = i in cfg.moe_layers
+        spec = cfg.family.sparse_layer if sparse else cfg.family.layer  # experts as {e}
+        copies = cfg.top_k if active else cfg.num_experts
+        params = len(spec.norms) * cfg.hidden_size
+        for m in spec.linears:
+            k, n = linear_shape(cfg, f"layers.{i}.{m.name.replace(EXPERT, '0')}")
+            params += n * k * (copies if EXPERT in m.name else 1)
+        return params
+
+    @property
+    def widest_layer(self) -> int:
+        """The index of the layer holding the most parameters."""
+        return max(range(self.cfg.num_layers), key=self._layer)
 
     @property
     def layer_params(self) -> int:
-        norms = 2 * self.cfg.hidden_size
-        return sum(out * in_ for out, in_ in self.linears()) + norms
+        """The widest layer's parameters: what a stage holds of one layer."""
+        return self._layer(self.widest_layer)
+
+    @property
+    def active_layer_params(self) -> int:
+        """The parameters one token computes with in the widest layer (its forward's flops
+        are 2 x this per token)."""
+        return self._layer(self.widest_layer, active=True)
+
+    @property
+    def layers_params(self) -> int:
+        """Every decoder layer's parameters."""
+        return sum(self._layer(i) for i in range(self.cfg.num_layers))
 
     @property
     def embed_params(self) -> int:
@@ -117,11 +150,21 @@ class _Shapes:
     @property
     def params(self) -> int:
         head = 0 if self.cfg.tie_word_embeddings else self.embed_params
-        return self.cfg.num_layers * self.layer_params + self.embed_params + head
+        return self.layers_params + self.embed_params + head
+
+    @property
+    def active_params(self) -> int:
+        """The parameters one token computes with (the total for a dense model)."""
+        active = sum(self._layer(i, active=True) for i in range(self.cfg.num_layers))
+        return self.params - self.layers_params + active
 
     def linears(self) -> list[tuple[int, int]]:
-        """(out, in) of each linear of one layer."""
-        return [linear_shape(self.cfg, m.name)[::-1] for m in LAYER_LINEARS]
+        """(out, in) of each linear of the widest layer (every expert's)."""
+        i = self.widest_layer
+        return [linear_shape(self.cfg, f"layers.{i}.{m.name}")[::-1] for m in self.spec(i)]
+
+    def spec(self, i: int) -> tuple[LayerLinear, ...]:
+        return self.cfg.layer_spec(i).linears
 
 
 def plan_build(
@@ -167,17 +210,27 @@ def _weights_on_disk(shapes: _Shapes, source_dir: Path | None) -> int:
 
 
 def _model_summary(shapes: _Shapes, weights: int, kv_dtype: str) -> dict[str, Any]:
-    return {
-        "architecture": shapes.cfg.architecture,
-        "layers": shapes.cfg.num_layers,
-        "hidden_size": shapes.cfg.hidden_size,
+    cfg = shapes.cfg
+    summary = {
+        "architecture": cfg.architecture,
+        "layers": cfg.num_layers,
+        "hidden_size": cfg.hidden_size,
         "params": shapes.params,
         "weights_bytes_on_disk": weights,
         "kv_cache": {
             "dtype": kv_dtype,
-            "bytes_per_token": kv_bytes_per_token(shapes.cfg, kv_dtype),
+            "bytes_per_token": kv_bytes_per_token(cfg, kv_dtype),
         },
     }
+    if cfg.moe_layers:  # a mixture of experts: what a token computes with, and the widest layer
+        summary["active_params"] = shapes.active_params
+        summary["experts"] = {
+            "count": cfg.num_experts,
+            "per_token": cfg.top_k,
+            "sparse_layers": len(cfg.moe_layers),
+            "widest_layer_params": shapes.layer_params,
+        }
+    return summary
 
 
 def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str) -> int:
@@ -256,7 +309,7 @@ def _heads(shapes: _Shapes, recipe: Recipe) -> StageEstimate:
     tokens = cal.samples * cal.seq_len
     hidden = tokens * h * 4
     rate = c["batched_flops_per_second"]  # 8 windows per layer call, 64 positions per step
-    forward = 2 * tokens * shapes.params / rate
+    forward = 2 * tokens * shapes.active_params / rate
     per_step = num_heads * train.batch_size * 2 * h * (4 * v + 3 * h * train.num_layers)
     seconds = forward + train.steps * per_step / rate
     # The hidden states three times over (the walk's, the final norm's, the freed temporaries
@@ -294,7 +347,7 @@ def _eagle(shapes: _Shapes, recipe: Recipe) -> StageEstimate:
     tokens = cal.samples * cal.seq_len
     held = tokens * 4 * h * 4  # aux states [3H] + final hidden [H], float32
     rate = c["batched_flops_per_second"]
-    forward = 2 * tokens * shapes.params / rate
+    forward = 2 * tokens * shapes.active_params / rate
     span_tokens = train.batch_size * train.span
     # Per unrolled step and token: the layer and the two vocab-wide matmuls (the teacher's
     # lm_head, the draft's) forward, 2 FLOPs a weight; backward and the softmaxes fold into the
@@ -370,7 +423,7 @@ def _quantized_bytes(
     if not entries:
         return shapes.params * 4
     bits = code_bits or min(e.bits for e in entries)
-    layers = shapes.cfg.num_layers * shapes.layer_params
+    layers = shapes.layers_params
     return int(layers * bits / 8 * 1.1) + (shapes.params - layers) * 4
 
 
@@ -387,7 +440,7 @@ def _quantize_rounded(shapes: _Shapes, entries: Sequence[Quantize], weights: int
     c = CONSTANTS
     ir = _quantized_bytes(shapes, entries, code_bits=8)
     peak = c["runtime_baseline_bytes"] + _largest_part(shapes) + 3 * c["work_chunk_bytes"]
-    rounding = shapes.cfg.num_layers * shapes.layer_params / c["rtn_weights_per_second"]
+    rounding = shapes.layers_params / c["rtn_weights_per_second"]
     seconds = (weights + 3 * ir) / c["disk_bytes_per_second"] + (rounding if entries else 0)
     note = "layer by layer: one float layer + codes, or the embedding" if entries else "copy"
     return StageEstimate("quantize", int(peak), seconds, note)
@@ -398,7 +451,7 @@ def _export(shapes: _Shapes, ir_bytes: int, onnx_bytes: int) -> StageEstimate:
     # to the external data as it goes (export/decoder.py): one layer's tensors at a time.
     c = CONSTANTS
     peak = c["runtime_baseline_bytes"] + _largest_part(shapes) + 2 * c["work_chunk_bytes"]
-    layers = shapes.cfg.num_layers * shapes.layer_params
+    layers = shapes.layers_params
     seconds = ir_bytes / c["disk_bytes_per_second"] + layers / c["export_weights_per_second"]
     return StageEstimate("export", int(peak), seconds, "layer by layer from the IR")
 
@@ -413,7 +466,7 @@ def _add_kv_scales(export: StageEstimate, shapes: _Shapes, recipe: Recipe) -> No
     budget = budget_from_env()
     held = 2 * CONSTANTS["chunk_bytes"] if acts > budget // 3 else 2 * acts
     attention = 4 * cal.samples * cal.seq_len**2 * c.num_heads * c.head_dim
-    forward = 2 * shapes.layer_params * tokens + attention
+    forward = 2 * shapes.active_layer_params * tokens + attention
     export.seconds += c.num_layers * forward / CONSTANTS["flops_per_second"]
     layer = shapes.layer_params * 4 * 2  # the layer and its dequantized linears
     peak = CONSTANTS["runtime_baseline_bytes"] + held + max(layer, shapes.embed_params * 4)
@@ -455,7 +508,7 @@ def _quantize_layerwise(
     spilled = acts > budget // 3  # three stores alive at most, a third of the budget each
     act_bytes = 3 * CONSTANTS["chunk_bytes"] if spilled else 3 * acts
     attention = 4 * cal.samples * cal.seq_len**2 * c.num_heads * c.head_dim
-    forward = 2 * shapes.layer_params * tokens + attention
+    forward = 2 * shapes.active_layer_params * tokens + attention
     costs = _method_costs(entries, LayerWork(tuple(shapes.linears()), tokens, forward))
     widest_in = max(k for _, k in shapes.linears())
     hessians = any(Observation.HESSIAN in method_of(e).observes(e) for e in entries)
@@ -490,7 +543,7 @@ def _precision(shapes: _Shapes, recipe: Recipe, entries: Sequence[Quantize]) -> 
     c, cal = shapes.cfg, recipe.calibration
     tokens = cal.samples * cal.seq_len
     attention = 4 * cal.samples * cal.seq_len**2 * c.num_heads * c.head_dim
-    forward = 2 * shapes.layer_params * tokens + attention
+    forward = 2 * shapes.active_layer_params * tokens + attention
     head = 2 * tokens * c.hidden_size * c.vocab_size
     work = LayerWork(tuple(shapes.linears()), tokens, forward)
     trials, passes, flops = 0, 0.0, 0.0
@@ -531,7 +584,7 @@ def _evaluate(shapes: _Shapes, recipe: Recipe) -> StageEstimate | None:
     windows = ppl.max_windows or 64  # unknown until the text is tokenized: assume 64
     tokens = windows * ppl.seq_len
     # Three forward passes over the windows: the float model, the quantized IR, the engine.
-    seconds = 3 * 2 * shapes.params * tokens / CONSTANTS["flops_per_second"]
+    seconds = 3 * 2 * shapes.active_params * tokens / CONSTANTS["flops_per_second"]
     peak = CONSTANTS["runtime_baseline_bytes"] + 2 * shapes.params * 4
     vocab_logits = 16 * ppl.seq_len * shapes.cfg.vocab_size * 4
     approx = "~" if not ppl.max_windows else ""

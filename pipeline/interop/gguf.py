@@ -43,8 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..model.architecture import layer_linear, linear_shape
+from ..model.architecture import layer_linear, linear_shape, stays_float
 from ..model.config import ModelConfig, RopeConfig
+from ..model.family import EXPERT
 from ..model.llama import LlamaModel
 from ..model.qembedding import EMBEDDING, QuantizedEmbedding
 from ..model.qlinear import QuantizedLinear
@@ -125,9 +126,16 @@ def _tensors(model: LlamaModel, permute: bool):
     else:
         yield "embed_tokens.weight", _f16(table.weight), "F16"
     for i in range(cfg.num_layers):
+        spec = cfg.family.sparse_layer if i in cfg.moe_layers else layer  # experts as {e}
         yield _norm(model, f"layers.{i}.{layer.norms[0]}")
-        for linear in layer.linears:
+        for linear in spec.linears:
             name = f"layers.{i}.{linear.name}"
+            if EXPERT in name:
+                yield _stacked(model, name)
+                continue
+            if stays_float(linear):  # a router: F32, as llama.cpp's converter writes it
+                yield f"{name}.weight", _f32(model.get_submodule(name).weight), "F32"
+                continue
             heads = linear_shape(cfg, name)[1] // cfg.head_dim if linear.name in rotated else None
             yield from _linear(name, model.get_submodule(name), heads, cfg)
         for norm in layer.norms[1:]:
@@ -135,6 +143,23 @@ def _tensors(model: LlamaModel, permute: bool):
     yield _norm(model, "norm")
     if not model.lm_head_tied:  # tied: llama.cpp computes the logits with token_embd
         yield from _linear("lm_head", model.lm_head, None, cfg)
+
+
+def _stacked(model: LlamaModel, template: str) -> tuple[str, np.ndarray, str]:
+    """Every expert's copy of the linear `template` (`layers.0.mlp.experts.{e}.up_proj`) as
+    one tensor [E, N, ...], llama.cpp's `ffn_*_exps` (named `layers.0.mlp.experts.up_proj`):
+    their blocks when one block type holds every expert's codes, else F16."""
+    cfg = model.cfg
+    experts = [
+        model.get_submodule(template.replace(EXPERT, str(e))) for e in range(cfg.num_experts)
+    ]
+    encoded = [encode_blocks(m) if isinstance(m, QuantizedLinear) else None for m in experts]
+    name = template.replace(f".{EXPERT}", "") + ".weight"
+    kinds = {None if e is None else e[1] for e in encoded}
+    if len(kinds) == 1 and None not in kinds:
+        return name, np.stack([data for data, _ in encoded]), kinds.pop()
+    weights = [m.dequantize() if isinstance(m, QuantizedLinear) else m.weight for m in experts]
+    return name, _f16(torch.stack(weights)), "F16"
 
 
 def _norm(model: LlamaModel, name: str) -> tuple[str, np.ndarray, str]:
@@ -250,6 +275,10 @@ def _hyperparameters(writer, cfg: ModelConfig) -> None:
     if cfg.rope.type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope.factor)
+    if cfg.moe_layers:  # llama.cpp's softmax gating over every expert, top-k renormalised
+        writer.add_expert_count(cfg.num_experts)
+        writer.add_expert_used_count(cfg.top_k)
+        writer.add_expert_feed_forward_length(cfg.expert_intermediate_size)
 
 
 @dataclasses.dataclass(frozen=True)

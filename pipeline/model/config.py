@@ -3,6 +3,7 @@ rules of its model family (`family.py`, found by config.json's ``model_type``)."
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -88,7 +89,7 @@ class ModelConfig:
         layer."""
         family = self.family
         if layer in self.moe_layers:
-            return family.sparse_layer.expand(self.num_experts)
+            return _expanded(family.sparse_layer, self.num_experts)
         return family.layer
 
     @property
@@ -161,6 +162,12 @@ class ModelConfig:
             d["layer_windows"] = tuple(d["layer_windows"])
         d["moe_layers"] = tuple(d.get("moe_layers", ()))
         return cls(**d)
+
+
+@functools.lru_cache(maxsize=8)
+def _expanded(spec: LayerSpec, num_experts: int) -> LayerSpec:
+    """`spec.expand(num_experts)`, written out once per model, not once per question."""
+    return spec.expand(num_experts)
 
 
 def _switch(rule: bool | str, hf: dict[str, Any]) -> bool:

@@ -1,6 +1,6 @@
 """The units the per-layer precision search (`method: auto`) chooses for: the linears one
 entry selects of one compute group of one layer (q,k,v; o; gate,up; down:
-`architecture.LAYER_GROUPS`). Those read one input: the walk observes them together, AWQ and
+`ModelConfig.layer_spec(i).groups`). Those read one input: the walk observes them together, AWQ and
 SmoothQuant fold one scale before them (SmoothQuant's whole-group rule), and the export fuses
 them into one MatMul when they share a scheme; so a group never mixes candidates. Torch-free:
 the recipe check reads it."""
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..model.architecture import LAYER_GROUPS, linear_shape
+from ..model.architecture import linear_shape
 from ..model.config import ModelConfig
 from .method import QuantEntry
 from .weight_bytes import weight_bytes
@@ -40,7 +40,7 @@ def units_of(chosen: Sequence[str], cfg: ModelConfig) -> list[Unit]:
     picked = set(chosen)
     units = []
     for i in range(cfg.num_layers):
-        for group in LAYER_GROUPS:
+        for group in cfg.layer_spec(i).groups:
             names = tuple(n for n in group if f"layers.{i}.{n}" in picked)
             if names:
                 units.append(Unit(i, names))

@@ -13,11 +13,16 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ingot.calibration.dataset import CalibrationSet
+from ingot.pipeline.interop import write_interop
+from ingot.pipeline.interop.gguf import GGUF_FILE
 from ingot.pipeline.model.architecture import linear_names, parameter_count
 from ingot.pipeline.model.config import ConfigError, ModelConfig
 from ingot.pipeline.model.layer_source import ModelLayers
 from ingot.pipeline.model.layers import SparseMoE
 from ingot.pipeline.model.load import load_model
+from ingot.pipeline.model.qlinear import QuantizedLinear
+from ingot.pipeline.quantize.apply import quantize_model
+from ingot.pipeline.quantize.checkpoint import load_ir, save_ir
 from ingot.pipeline.quantize.driver import quantize_layers
 from ingot.pipeline.quantize.ir_layers import IRLayers
 from ingot.pipeline.quantize.method import method_of
@@ -25,6 +30,8 @@ from ingot.pipeline.quantize.moe_calibration import ALL_TOKENS, ROUTED, min_rout
 from ingot.pipeline.recipe.quantize import quantize_entry
 
 from fixtures import BASE, write_tokenizer
+
+gguf = pytest.importorskip("gguf")
 
 WINDOW = 16
 W4 = {"method": "rtn", "bits": 4, "group_size": 32, "symmetric": True, "ignore": ["lm_head"]}
@@ -137,3 +144,69 @@ def _nearest(weight: torch.Tensor) -> torch.Tensor:
     rtn = quantize_entry(W4)
     with torch.no_grad():
         return method_of(rtn).round(linear, rtn).dequantize()
+
+
+@pytest.fixture(scope="module")
+def rtn_ir(mixtral, tmp_path_factory) -> Path:
+    """The Mixtral IR, every linear but lm_head RTN int4 g32 (the routers float)."""
+    model = load_model(mixtral)
+    quantize_model(model, [quantize_entry(W4)])
+    out = tmp_path_factory.mktemp("mixtral-ir")
+    save_ir(model, out)
+    return out
+
+
+def test_compressed_tensors_loads_in_transformers(mixtral, rtn_ir, tmp_path):
+    """transformers reads the per-expert checkpoint into its fused experts: the IR's weights
+    exactly; the logits differ only by the fp16 float tensors."""
+    write_interop("compressed-tensors", rtn_ir, mixtral, tmp_path / "ct")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ct", dtype=torch.float32).eval()
+    ir = load_ir(rtn_ir)
+    ids = torch.tensor([[5, 9, 40, 7, 100, 3, 77, 12]])
+    with torch.no_grad():
+        logits = hf(ids).logits  # the first forward decompresses
+        want = ir(ids)[0]
+    for i, layer in enumerate(ir.layers):
+        fused = hf.model.layers[i].mlp.experts
+        for e, expert in enumerate(layer.mlp.experts):
+            gate_up = torch.cat([expert.gate_proj.dequantize(), expert.up_proj.dequantize()])
+            assert torch.equal(fused.gate_up_proj[e], gate_up), (i, e)
+            assert torch.equal(fused.down_proj[e], expert.down_proj.dequantize()), (i, e)
+    torch.testing.assert_close(logits, want, atol=2e-2 * want.abs().max(), rtol=0)
+
+
+def test_gguf_runs_in_llama_cpp(tmp_path):
+    """llama.cpp runs the GGUF (`llama` with stacked Q4_0 experts) with the IR's logits on
+    the file's weights, to the tolerance of its 8-bit activations (test_interop_gguf's)."""
+    ckpt = moe_checkpoint(tmp_path / "ckpt", "mixtral", **{**MIXTRAL, "sliding_window": None})
+    ir = tmp_path / "ir"
+    model = load_model(ckpt)
+    quantize_model(model, [quantize_entry(W4)])
+    ir.mkdir()
+    save_ir(model, ir)
+    write_interop("gguf", ir, ckpt, tmp_path / "gguf")
+    reader = gguf.GGUFReader(tmp_path / "gguf" / GGUF_FILE)
+    tensors = {t.name: t for t in reader.tensors}
+    assert tensors["blk.0.ffn_gate_exps.weight"].tensor_type.name == "Q4_0"
+    assert list(tensors["blk.0.ffn_down_exps.weight"].shape) == [96, 64, 4]  # K, N, E
+    assert tensors["blk.1.ffn_gate_inp.weight"].tensor_type.name == "F32"
+    assert reader.fields["llama.expert_used_count"].contents() == 2
+    model = load_ir(ir)
+    with torch.no_grad():  # the file's weights: fp16 scales and float tensors
+        for m in model.modules():
+            if isinstance(m, QuantizedLinear):
+                m.scales.copy_(m.scales.half().float())
+            elif isinstance(m, nn.Linear | nn.Embedding):
+                m.weight.copy_(m.weight.half().float())
+    ids = torch.randint(2, 320, (48,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.inference_mode():
+        want = model(torch.tensor([ids]))[0][0].numpy()
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(
+        model_path=str(tmp_path / "gguf" / GGUF_FILE), n_ctx=64, logits_all=True, verbose=False
+    )
+    llm.eval(ids)
+    got = np.array(llm.scores[: len(ids)], dtype=np.float32)  # [T, V]
+    err = float(np.abs(got - want).max() / want.std())
+    agree = float((got.argmax(-1) == want.argmax(-1)).mean())
+    assert err < 0.5 and agree >= 0.85, (err, agree)

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from ...model.architecture import NORM_GROUPS
 from ..fields import Ignore, Targets
 from ..method import (
     QUANT_METHODS,
@@ -121,7 +120,7 @@ class SmoothQuant(QuantMethod):
             return []
         picked = set(chosen)
         for i in range(cfg.num_layers):
-            for norm, group in NORM_GROUPS:
+            for norm, group in cfg.layer_spec(i).norm_groups:
                 names = [f"layers.{i}.{n}" for n in group]
                 missing = [n for n in names if n not in picked]
                 if missing and len(missing) < len(names):
