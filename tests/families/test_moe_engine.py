@@ -1,7 +1,7 @@
 """The mixture of experts on the run side: the exported standard-ONNX block (export/moe.py)
 against the IR, ONNX Runtime's engine with the blocks fused into QMoE (engines/onnxruntime/
-qmoe.py) checked exactly, the blocks QMoE cannot take left standard, and the OpenVINO target
-refusing a mixture of experts with one line."""
+qmoe.py) checked exactly, the blocks QMoE cannot take left standard, the OpenVINO target
+refusing a mixture of experts with one line, and a built artifact's greedy tokens."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import pytest
 from families.test_mixtral import MIXTRAL, moe_checkpoint
 from torch import nn
 
+from ingot.pipeline.build import build
+from ingot.pipeline.cache import StageCache
 from ingot.pipeline.engines.onnxruntime import PLUGIN as ORT
 from ingot.pipeline.engines.onnxruntime import OnnxRuntimeTarget
 from ingot.pipeline.engines.openvino import PLUGIN as OPENVINO
@@ -24,8 +26,10 @@ from ingot.pipeline.model.layer_source import ModelLayers
 from ingot.pipeline.model.load import load_model
 from ingot.pipeline.model.qlinear import replace_module
 from ingot.pipeline.preflight import check_recipe_against_model
+from ingot.pipeline.quantize.apply import quantize_model
 from ingot.pipeline.quantize.rtn import quantize_linear_rtn
 from ingot.pipeline.recipe import RecipeError, load_recipe
+from ingot.runtime import LoadedModel, SamplingParams
 
 from fixtures import write_recipe
 
@@ -109,3 +113,22 @@ def test_openvino_refuses_a_mixture_of_experts(mixtral, tmp_path):
     )
     with pytest.raises(RecipeError, match="engine openvino does not run a mixture of experts"):
         check_recipe_against_model(load_recipe(recipe), cfg)
+
+
+def test_built_artifact_generates_the_quantized_irs_greedy_tokens(mixtral, tmp_path):
+    """`ingot build` (RTN int4 g32, the exact engine: QMoE at level 0) and the runtime's greedy
+    tokens (paged KV, the window of 16 passed) equal the quantized IR's."""
+    exact = [{"engine": "onnxruntime", "matmul_accuracy_level": 0}]
+    recipe = write_recipe(tmp_path / "r.yaml", mixtral, targets=exact)
+    artifact = build(recipe, tmp_path / "art", cache=StageCache(tmp_path / "cache")).artifact
+    engine_dir = Path(artifact) / "engines" / "onnxruntime-cpu"
+    assert _ops(engine_dir)["QMoE"] == 2
+    generator = LoadedModel.load(artifact).generator()
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    prompts = ["def add(a, b):", " ".join(["the quick brown fox jumps over"] * 4)]
+    model = load_model(mixtral)
+    quantize_model(model, load_recipe(recipe).quantize)
+    for completion in generator.generate(prompts, greedy):
+        want = model.generate_greedy(completion.prompt_token_ids, 24, stop_at_eos=False)
+        assert completion.token_ids == want
+    assert len(completion.prompt_token_ids) + 24 > MIXTRAL["sliding_window"]
