@@ -127,8 +127,16 @@ def _with(options: tuple) -> Any:
 
 def _model_line(model: dict) -> str:
     kv = model["kv_cache"]
+    experts = model.get("experts")
+    active = (
+        f" ({model['active_params'] / 1e6:.1f} M active: {experts['per_token']} of "
+        f"{experts['count']} experts per token; widest layer "
+        f"{experts['widest_layer_params'] / 1e6:.1f} M)"
+        if experts
+        else ""
+    )
     return (
         f"{model['architecture']}, {model['layers']} layers, hidden {model['hidden_size']}, "
-        f"{model['params'] / 1e6:.1f} M params, KV cache {kv['dtype']} "
+        f"{model['params'] / 1e6:.1f} M params{active}, KV cache {kv['dtype']} "
         f"{kv['bytes_per_token']} bytes/token"
     )

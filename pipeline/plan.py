@@ -116,7 +116,7 @@ class _Shapes:
         sparse = i in cfg.moe_layers
         spec = cfg.family.sparse_layer if sparse else cfg.family.layer  # experts as {e}
         copies = cfg.top_k if active else cfg.num_experts
-        params = len(spec.norms) * cfg.hidden_size
+        params = len(spec.norms) * cfg.hidden_size + len(spec.head_norms) * cfg.head_dim
         for m in spec.linears:
             k, n = linear_shape(cfg, f"layers.{i}.{m.name.replace(EXPERT, '0')}")
             params += n * k * (copies if EXPERT in m.name else 1)

@@ -53,8 +53,9 @@ def model_config(**overrides):
     return ModelConfig.from_hf({"model_type": "llama", **BASE, **overrides})
 
 
-def write_tokenizer(path: Path, vocab_size: int) -> None:
-    """A byte-level BPE with <s>=0, </s>=1, trained on a few lines (deterministic)."""
+def write_tokenizer(path: Path, vocab_size: int, corpus: list[str] | None = None) -> None:
+    """A byte-level BPE with <s>=0, </s>=1, trained on `corpus` (default: a few lines;
+    deterministic)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -66,7 +67,7 @@ def write_tokenizer(path: Path, vocab_size: int) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS, trainer)
+    tok.train_from_iterator(corpus or _CORPUS, trainer)
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(
         json.dumps({"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE})
@@ -74,7 +75,7 @@ def write_tokenizer(path: Path, vocab_size: int) -> None:
 
 
 def make_checkpoint(path: Path, arch: str = "llama", seed: int = 0, **overrides) -> Path:
-    """A random-weight HF checkpoint of `arch` (llama | mistral | qwen2) saved as safetensors."""
+    """A random-weight HF checkpoint of `arch` (llama | mistral | qwen2 | qwen3) saved as safetensors."""
     import torch
     import transformers
 
@@ -82,6 +83,7 @@ def make_checkpoint(path: Path, arch: str = "llama", seed: int = 0, **overrides)
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     }
     config_cls, model_cls = classes[arch]
     torch.manual_seed(seed)

@@ -368,6 +368,9 @@ def attention(g, attn, i, h, positions, pool, tables, mask, c: SharedTensors, kv
     q, k, v = emit_linears(
         g, h, projections, [f"{a}.{p}_proj" for p in "qkv"], f"{a}.qkv_proj", [None, None, v_out]
     )  # [S, Q, Hq*D], [S, Q, Hkv*D], [S, Q, Hkv*D]
+    if attn.q_norm is not None:  # per-head norms before RoPE (Qwen3, Gemma 3)
+        q = _head_norm(g, attn, attn.q_norm, f"{a}.q_norm", q, hq)
+        k = _head_norm(g, attn, attn.k_norm, f"{a}.k_norm", k, hkv)
     # 3D RotaryEmbedding (num_heads attr) rotates [S, Q, H*D] in place of a reshape round trip.
     q = g.op("RotaryEmbedding", [q, c.cos, c.sin, positions], f"{a}/rope_q", num_heads=hq)
     k_out = f"new_k_{i}" if fp32_kv and returns_kv else None
@@ -399,6 +402,15 @@ def attention(g, attn, i, h, positions, pool, tables, mask, c: SharedTensors, kv
         scale=1.0 / math.sqrt(d),
     )  # [S, Q, Hq*D]
     return emit_linear(g, ctx, attn.o_proj, f"{a}.o_proj")  # [S, Q, hidden]
+
+
+def _head_norm(g: GraphBuilder, attn, module, name: str, x: str, heads: int) -> str:
+    """The family's norm (`attn.norm`) over each head of x: [S, Q, H*D] -> [S, Q, H*D]."""
+    split = g.ints(f"{name}.heads", [0, 0, heads, attn.head_dim])
+    joined = g.ints(f"{name}.joined", [0, 0, heads * attn.head_dim])
+    x = g.op("Reshape", [x, split], f"{name}/split")  # [S, Q, H, D]
+    x = NORMS[attn.norm](g, x, module, name)  # [S, Q, H, D]
+    return g.op("Reshape", [x, joined], f"{name}/join")  # [S, Q, H*D]
 
 
 def _keys_or_values(

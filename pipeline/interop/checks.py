@@ -72,6 +72,21 @@ def gguf_model_problems(cfg: ModelConfig) -> list[str]:
             f"gguf: llama.cpp has no {cfg.rope.type!r} RoPE scaling (config.json rope_type "
             f"{cfg.rope.type!r}; llama.cpp runs default, linear and llama3)"
         )
+    dense = [i for i in range(cfg.num_layers) if i not in cfg.moe_layers]
+    if cfg.moe_layers and dense:
+        moe = cfg.family.moe
+        keys = " / ".join(k for k in (moe.dense_layers, moe.sparse_step) if k)
+        problems.append(
+            f"gguf: llama.cpp runs every layer of a mixture of experts as experts, and this "
+            f"model keeps layers {dense} of {cfg.num_layers} dense (config.json {keys})"
+        )
+    if cfg.moe_layers and not cfg.norm_topk_prob:
+        rule = cfg.family.moe.norm_topk
+        why = f"config.json {rule} false" if isinstance(rule, str) else "its family never does"
+        problems.append(
+            "gguf: llama.cpp renormalises the chosen experts' weights over the top-k, and this "
+            f"model does not ({why})"
+        )
     window = cfg.sliding_window
     if cfg.layer_windows is not None:
         # llama.cpp's qwen2 reads no window at all (its hparams load has no sliding-window

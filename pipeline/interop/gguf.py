@@ -138,7 +138,7 @@ def _tensors(model: LlamaModel, permute: bool):
                 continue
             heads = linear_shape(cfg, name)[1] // cfg.head_dim if linear.name in rotated else None
             yield from _linear(name, model.get_submodule(name), heads, cfg)
-        for norm in layer.norms[1:]:
+        for norm in (*layer.norms[1:], *layer.head_norms):
             yield _norm(model, f"layers.{i}.{norm}")
     yield _norm(model, "norm")
     if not model.lm_head_tied:  # tied: llama.cpp computes the logits with token_embd

@@ -152,9 +152,10 @@ def _linear_parameters(cfg: ModelConfig, m: LayerLinear) -> int:
 
 
 def parameter_count(cfg: ModelConfig, *, active: bool = False) -> int:
-    """The model's parameters: every layer's linears (biases included) and norms, the final
-    norm, the embedding, and lm_head unless tied. `active`: those one token computes with (of
-    a sparse layer's experts, the top_k chosen; the same as the total for a dense model)."""
+    """The model's parameters: every layer's linears (biases included) and norms (per-head
+    q/k norms too), the final norm, the embedding, and lm_head unless tied. `active`: those
+    one token computes with (of a sparse layer's experts, the top_k chosen; the same as the
+    total for a dense model)."""
     layers = 0
     for i in range(cfg.num_layers):
         spec = cfg.family.sparse_layer if i in cfg.moe_layers else cfg.family.layer
@@ -162,7 +163,7 @@ def parameter_count(cfg: ModelConfig, *, active: bool = False) -> int:
         layers += sum(
             _linear_parameters(cfg, m) * (copies if EXPERT in m.name else 1) for m in spec.linears
         )
-        layers += len(spec.norms) * cfg.hidden_size
+        layers += len(spec.norms) * cfg.hidden_size + len(spec.head_norms) * cfg.head_dim
     table = cfg.vocab_size * cfg.hidden_size
     head = 0 if cfg.tie_word_embeddings else table
     return layers + cfg.hidden_size + table + head

@@ -216,7 +216,8 @@ def _experts(rule: MoeRule | None, hf: dict[str, Any]) -> dict[str, Any]:
     layers: sparse unless in `dense_layers` or off every `sparse_step`-th layer."""
     if rule is None:
         return {}
-    hf = {**dict(rule.defaults), **hf}
+    aliased = {key: hf[alias] for alias, key in rule.aliases if alias in hf and key not in hf}
+    hf = {**dict(rule.defaults), **hf, **aliased}
     sizes = {k: hf.get(k) for k in (rule.experts, rule.top_k, rule.expert_intermediate)}
     missing = [k for k, v in sizes.items() if not isinstance(v, int)]
     if missing:

@@ -21,6 +21,7 @@ Torch-free: the recipe checks and `ingot plan` read it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
@@ -91,6 +92,9 @@ class LayerSpec:
     norms: tuple[str, ...]  # the layer's norms (IR names inside the layer), in model order
     folds: tuple[ScaleFold, ...]  # in compute order
     rotated: tuple[str, ...]  # the linears whose outputs RoPE rotates, per head
+    # Norms over head_dim applied per head to q and k before RoPE (Qwen3, Gemma 3: IR names
+    # "attn.q_norm", "attn.k_norm"), not fold sources: they sit after the projections.
+    head_norms: tuple[str, ...] = ()
 
     @property
     def norm_groups(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -140,7 +144,7 @@ class LayerSpec:
             return tuple(out)
 
         linears, groups, folds = map(expanded, (self.linears, self.groups, self.folds))
-        return LayerSpec(linears, groups, self.norms, folds, self.rotated)
+        return dataclasses.replace(self, linears=linears, groups=groups, folds=folds)
 
 
 _EXPERT_NUMBER = re.compile(r"\.experts\.\d+\.")
@@ -245,6 +249,8 @@ class MoeRule:
     dense_layers: str | None = None  # "mlp_only_layers"
     # transformers' values for the keys above a config.json may omit: (key, value) pairs.
     defaults: tuple[tuple[str, int], ...] = ()
+    # Other names config.json may give those keys (transformers' attribute_map): (alias, key).
+    aliases: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +276,11 @@ class ModelFamily:
     sparse_layer: LayerSpec | None = None
     moe: MoeRule | None = None
 
+    @property
+    def qk_norm(self) -> bool:
+        """Whether q and k are normed per head before RoPE (`LayerSpec.head_norms`)."""
+        return bool(self.layer.head_norms)
+
 
 MODEL_FAMILIES: Registry[ModelFamily] = Registry(
     "model family",
@@ -277,7 +288,9 @@ MODEL_FAMILIES: Registry[ModelFamily] = Registry(
         "llama": "ingot.pipeline.model.families.llama",
         "mistral": "ingot.pipeline.model.families.mistral",
         "qwen2": "ingot.pipeline.model.families.qwen2",
+        "qwen3": "ingot.pipeline.model.families.qwen3",
         "mixtral": "ingot.pipeline.model.families.mixtral",
+        "qwen3_moe": "ingot.pipeline.model.families.qwen3_moe",
     },
     group="ingot.model_families",
 )

@@ -74,6 +74,12 @@ class Attention(nn.Module):
         self.k_proj = _linear(cfg, "attn.k_proj")
         self.v_proj = _linear(cfg, "attn.v_proj")
         self.o_proj = _linear(cfg, "attn.o_proj")
+        # Qwen3 / Gemma 3: the family's norm over head_dim on each q and k head before RoPE
+        # (by name, `norm`: the ONNX decoder emits the same block). None: no such norms.
+        self.norm = cfg.family.norm
+        qk_norm = cfg.family.qk_norm
+        self.q_norm = NORMS[self.norm](cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = NORMS[self.norm](cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
         # A quantized KV cache (kv_rounding.py): K and V are rounded to the pool's codes before
         # anything attends to them. None: the pool keeps them as computed (fp32).
         self.kv_quant: KVQuant | None = None
@@ -84,7 +90,7 @@ class Attention(nn.Module):
         """x: [B, T, hidden] -> K (rotated) and V as computed, [B, Hkv, T, D] each: what the
         pool stores before any rounding."""
         b, t, _ = x.shape
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        k = _heads(self.k_proj(x), self.num_kv_heads, self.k_norm)  # [B, Hkv, T, D]
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rotary(k, cos, sin), v
 
@@ -109,8 +115,8 @@ class Attention(nn.Module):
         """x: [B, T, hidden]; mask: [B, 1, T, P+T] bool (True = attend);
         past k, v: [B, Hkv, P, D]."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        q = apply_rotary(q, cos, sin)  # [B, H, T, D]
+        q = _heads(self.q_proj(x), self.num_heads, self.q_norm)  # [B, H, T, D]
+        q = apply_rotary(q, cos, sin)
         k, v = self.stored_kv(x, cos, sin)  # [B, Hkv, T, D]
         if past is not None:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
@@ -123,6 +129,14 @@ class Attention(nn.Module):
         )  # [B, H, T, D]
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         return self.o_proj(out), (k, v)
+
+
+def _heads(x: torch.Tensor, heads: int, norm: nn.Module | None) -> torch.Tensor:
+    """A projection's output [B, T, H*D] as heads [B, H, T, D], each normed over D by `norm`
+    when the family has per-head norms."""
+    b, t, _ = x.shape
+    x = x.view(b, t, heads, -1)  # [B, T, H, D]
+    return (x if norm is None else norm(x)).transpose(1, 2)
 
 
 class MLP(nn.Module):

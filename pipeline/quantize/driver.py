@@ -8,7 +8,7 @@
   -> write the finished layer -> let it go.
 - Recipes with calibrated entries (GPTQ, AWQ, SmoothQuant, static FP8 inputs: whatever
   observes its inputs) also run layer-sequentially on the calibration windows: layer i is
-  quantized (`layerwise.quantize_layer`) on the activations that the *quantized* layers
+  quantized (`decoder_layer.quantize_decoder_layer`) on the activations that the *quantized* layers
   0..i-1 produce, then its own quantized outputs become layer i+1's inputs. The layer's
   data-free rounding is applied first.
 
@@ -58,7 +58,7 @@ from ingot.calibration.dataset import CalibrationSet
 from ..model.architecture import LM_HEAD, linear_names
 from ..model.config import ModelConfig
 from ..model.layer_source import LayerSource, ModelLayers
-from ..model.layers import DecoderLayer, SparseMoE
+from ..model.layers import DecoderLayer
 from ..model.llama import LlamaModel
 from ..model.qembedding import QuantizedEmbedding
 from ..model.selection import EMBEDDING, embedding_entry, entry_for
@@ -70,17 +70,16 @@ from .checkpoint import (
     write_ir_config,
     write_safetensors,
 )
+from .decoder_layer import quantize_decoder_layer
 from .layerwise import (
     LayerForward,
     LayerPlan,
     dequantized_for_propagation,
     layer_plan,
     needs_calibration,
-    quantize_layer,
     round_linears,
 )
 from .method import QuantEntry, method_of
-from .moe_calibration import quantize_sparse_layer
 from .summary import summaries
 
 __all__ = ["LayerCheckpoints", "full_float32", "quantize_in_place", "quantize_layers"]
@@ -434,11 +433,9 @@ class _Activations:
         layer.to(self.forward.device)
         stores = self._stores(i)
         try:
-            args = (layer, x, plan, self.forward, self.cfg, stores)
-            if isinstance(layer.mlp, SparseMoE):
-                outputs = quantize_sparse_layer(*args, outputs=keep, experts=experts)
-            else:
-                outputs = quantize_layer(*args, outputs=keep)
+            outputs = quantize_decoder_layer(
+                layer, x, plan, self.forward, self.cfg, stores, outputs=keep, experts=experts
+            )
         finally:
             layer.to(_CPU)
         self._advance(outputs)

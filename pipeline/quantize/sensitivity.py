@@ -37,8 +37,9 @@ from ..evaluate.kl import kl_sum
 from ..model.config import ModelConfig
 from ..model.layer_source import LayerSource
 from ..model.qlinear import dequantized
+from .decoder_layer import quantize_decoder_layer
 from .driver import full_float32
-from .layerwise import LayerForward, quantize_layer, round_linears
+from .layerwise import LayerForward, round_linears
 from .method import QuantEntry
 from .units import Unit
 
@@ -138,7 +139,7 @@ class _FloatModel:
         layer.to(forward.device)
         if candidate.calibrated:
             stores = lambda name, shape: self.space.store(f"trial-{name}", shape)  # noqa: E731
-            out = quantize_layer(layer, x, plan, forward, self.cfg, stores, outputs=True)
+            out = quantize_decoder_layer(layer, x, plan, forward, self.cfg, stores, outputs=True)
             read, close = out.read, out.close
         else:
             read, close = x.read, lambda: None

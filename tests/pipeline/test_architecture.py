@@ -13,6 +13,7 @@ from ingot.pipeline.model.architecture import (
     LAYER_LINEARS,
     layer_linear,
     linear_names,
+    parameter_count,
     linear_shape,
     lm_head_source,
     scaling_groups,
@@ -30,7 +31,15 @@ VARIANTS = {
     "llama-tied": {"tie_word_embeddings": True},
     "qwen2": {"model_type": "qwen2"},
     "mistral": {"model_type": "mistral", "sliding_window": 16},
+    "qwen3": {"model_type": "qwen3", "head_dim": 24, "attention_bias": True},
     "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen3_moe": {
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 48,
+        "mlp_only_layers": [1],
+    },
 }
 
 
@@ -55,6 +64,13 @@ def test_table_matches_the_ir(variant: str) -> None:
         assert linear_shape(cfg, name) == (linear.in_features, linear.out_features), name
         flag = layer_linear(name, cfg).bias
         assert (linear.bias is not None) == (flag is not None and getattr(cfg, flag)), name
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_parameter_count_is_the_irs(variant: str) -> None:
+    model = _ir(**VARIANTS[variant])
+    # A tied lm_head shares the embedding's tensor: parameters() yields it once.
+    assert parameter_count(model.cfg) == sum(p.numel() for p in model.parameters())
 
 
 def test_groups_cover_every_layer_linear_once_in_compute_order() -> None:

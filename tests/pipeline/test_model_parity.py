@@ -36,6 +36,18 @@ VARIANTS = {
     ),
     "mistral-sliding": ("mistral", {"sliding_window": 12}),
     "qwen2": ("qwen2", {"tie_word_embeddings": True}),
+    # Per-head q/k norms, head_dim apart from hidden / heads, tied; and with every bias and a
+    # window on the layers from max_window_layers on (a mix).
+    "qwen3": ("qwen3", {"tie_word_embeddings": True, "head_dim": 32}),
+    "qwen3-bias-mixed": (
+        "qwen3",
+        {
+            "attention_bias": True,
+            "use_sliding_window": True,
+            "sliding_window": 12,
+            "max_window_layers": 1,
+        },
+    ),
     # transformers slides the layers from max_window_layers on: all of them, or none (28).
     "qwen2-sliding": (
         "qwen2",

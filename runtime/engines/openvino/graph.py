@@ -13,9 +13,10 @@ whose logits the call wants):
              `aux_hidden`, packed)
 
 The layer is the exported graph's (pipeline/export/decoder.py): RMSNorm, the q|k|v linear(s)
-with their biases, rotate-half RoPE from the graph's own cos / sin tables by position, paged
-attention (the model's window where it has one), o_proj + residual, RMSNorm, gate|up, SiLU(gate)
-* up, down_proj + residual; the final norm and lm_head for the `logits_indices` rows only. Norms
+with their biases, per-head RMSNorms of q and k where the graph has them, rotate-half RoPE
+from the graph's own cos / sin tables by position, paged attention (the model's window where
+it has one), o_proj + residual, RMSNorm, gate|up, SiLU(gate) * up, down_proj + residual; the
+final norm and lm_head for the `logits_indices` rows only. Norms
 are written in the pattern OpenVINO's RMSFusion turns into its RMS kernel.
 """
 
@@ -112,6 +113,13 @@ def _rms_norm(x: ov.Output, weight: ov.Node, eps: float) -> ov.Output:
     return ops.multiply(ops.multiply(x, inverse), weight).output(0)
 
 
+def _head_norm(w: GraphWeights, x: ov.Output, name: str, heads: int, d: int) -> ov.Output:
+    """The norm `name` over each head's D channels: x [T, H*D] -> [T, H*D]."""
+    x = ops.reshape(x, _ints([0, heads, d]), True).output(0)  # [T, H, D]
+    x = _rms_norm(x, w.constant(f"{name}.weight"), w.norm_epsilon(name))
+    return ops.reshape(x, _ints([0, heads * d]), True).output(0)
+
+
 def _rope(x: ov.Output, heads: int, d: int, cos: ov.Output, sin: ov.Output) -> ov.Output:
     """Rotate-half RoPE (ONNX RotaryEmbedding, interleaved 0): x [T, H*D], cos / sin
     [T, 1, D/2] -> [T, H*D]."""
@@ -141,6 +149,8 @@ def _layer(
         q, k, v = ops.variadic_split(qkv, ops.constant(np.int64(-1)), widths).outputs()
     else:
         q, k, v = (w.linear(h, f"{attn}.{p}_proj") for p in "qkv")
+    if w.has(f"{attn}.q_norm.weight"):  # per-head q/k norms before RoPE (Qwen3)
+        q, k = _head_norm(w, q, f"{attn}.q_norm", hq, d), _head_norm(w, k, f"{attn}.k_norm", hkv, d)
     q, k = _rope(q, hq, d, *rope), _rope(k, hkv, d, *rope)
     ctx = paged_attention((q, k, v), caches, paged, (hkv, d), s.windows[i])  # [T, Hq*D]
     x = ops.add(x, w.linear(ctx, f"{attn}.o_proj")).output(0)
