@@ -1,7 +1,8 @@
 """The mixture of experts on the run side: the exported standard-ONNX block (export/moe.py)
 against the IR, ONNX Runtime's engine with the blocks fused into QMoE (engines/onnxruntime/
 qmoe.py) checked exactly, the blocks QMoE cannot take left standard, the OpenVINO target
-refusing a mixture of experts with one line, and a built artifact's greedy tokens."""
+refusing a mixture of experts with one line, and the built engine's greedy tokens against
+transformers' (the family harness) for Mixtral and Qwen3-MoE."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ from pathlib import Path
 
 import onnx
 import pytest
-from families.test_mixtral import MIXTRAL, moe_checkpoint
+from test_mixtral import MIXTRAL
+from test_qwen3_moe import FEATURES as QWEN3_MOE
 from torch import nn
 
-from ingot.pipeline.build import build
-from ingot.pipeline.cache import StageCache
 from ingot.pipeline.engines.onnxruntime import PLUGIN as ORT
 from ingot.pipeline.engines.onnxruntime import OnnxRuntimeTarget
 from ingot.pipeline.engines.openvino import PLUGIN as OPENVINO
@@ -26,12 +26,11 @@ from ingot.pipeline.model.layer_source import ModelLayers
 from ingot.pipeline.model.load import load_model
 from ingot.pipeline.model.qlinear import replace_module
 from ingot.pipeline.preflight import check_recipe_against_model
-from ingot.pipeline.quantize.apply import quantize_model
 from ingot.pipeline.quantize.rtn import quantize_linear_rtn
 from ingot.pipeline.recipe import RecipeError, load_recipe
-from ingot.runtime import LoadedModel, SamplingParams
 
 from fixtures import write_recipe
+from harness import WINDOW, engine_and_reference, tiny_checkpoint
 
 EXACT = OnnxRuntimeTarget(engine="onnxruntime", matmul_accuracy_level=0)
 INT8_ACTIVATIONS = OnnxRuntimeTarget(engine="onnxruntime", matmul_accuracy_level=4)
@@ -39,7 +38,7 @@ INT8_ACTIVATIONS = OnnxRuntimeTarget(engine="onnxruntime", matmul_accuracy_level
 
 @pytest.fixture(scope="module")
 def mixtral(tmp_path_factory) -> Path:
-    return moe_checkpoint(tmp_path_factory.mktemp("mixtral"), "mixtral", **MIXTRAL)
+    return tiny_checkpoint(tmp_path_factory.mktemp("mixtral"), "mixtral", **MIXTRAL)
 
 
 def _exported(ckpt: Path, out: Path, bits: int | None, symmetric: bool = True):
@@ -115,20 +114,18 @@ def test_openvino_refuses_a_mixture_of_experts(mixtral, tmp_path):
         check_recipe_against_model(load_recipe(recipe), cfg)
 
 
-def test_built_artifact_generates_the_quantized_irs_greedy_tokens(mixtral, tmp_path):
-    """`ingot build` (RTN int4 g32, the exact engine: QMoE at level 0) and the runtime's greedy
-    tokens (paged KV, the window of 16 passed) equal the quantized IR's."""
-    exact = [{"engine": "onnxruntime", "matmul_accuracy_level": 0}]
-    recipe = write_recipe(tmp_path / "r.yaml", mixtral, targets=exact)
-    artifact = build(recipe, tmp_path / "art", cache=StageCache(tmp_path / "cache")).artifact
-    engine_dir = Path(artifact) / "engines" / "onnxruntime-cpu"
-    assert _ops(engine_dir)["QMoE"] == 2
-    generator = LoadedModel.load(artifact).generator()
-    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    prompts = ["def add(a, b):", " ".join(["the quick brown fox jumps over"] * 4)]
-    model = load_model(mixtral)
-    quantize_model(model, load_recipe(recipe).quantize)
-    for completion in generator.generate(prompts, greedy):
-        want = model.generate_greedy(completion.prompt_token_ids, 24, stop_at_eos=False)
-        assert completion.token_ids == want
-    assert len(completion.prompt_token_ids) + 24 > MIXTRAL["sliding_window"]
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_engine_greedy_tokens_match_transformers(mixtral, tmp_path, family):
+    """`ingot build` (RTN int4 g32; the exact onnxruntime target: QMoE at level 0) and the
+    runtime's greedy tokens (paged KV, a prompt past the window) equal transformers' on the
+    quantized IR's dequantized weights: Mixtral, and Qwen3-MoE with a dense layer among the
+    sparse ones, weights not renormalised and a tied head."""
+    ckpt = mixtral
+    if family == "qwen3_moe":
+        ckpt = tiny_checkpoint(tmp_path / "ckpt", family, **QWEN3_MOE)
+    runs = engine_and_reference(ckpt, tmp_path / "work", engines=("onnxruntime",))
+    engine_dir = tmp_path / "work" / "artifact" / "engines" / "onnxruntime-cpu"
+    assert _ops(engine_dir)["QMoE"] == 2  # Qwen3-MoE: layers 0 and 2 (1 is dense)
+    assert max(len(prompt) for prompt, _, _ in runs) > WINDOW
+    for prompt, engines, reference in runs:
+        assert engines["onnxruntime"] == reference, prompt

@@ -4,12 +4,15 @@
 The standard block runs every expert as its own small subgraph (a Slice of its rows, its
 MatMulNBits, the SwiGLU), about 6 nodes per expert whether or not a token chose it, plus the
 routing's sort: at batch 1 that per-node cost makes the block ~1.4x a dense MLP of the same
-active width, where QMoE (one node: softmax, top-k, renormalisation and the chosen experts'
-int4 GEMMs in MLAS's blockwise kernels) costs about what the dense MLP does
-(benchmarks/results/moe_decode.md). ORT 1.32's CPU QMoE takes SwiGLU experts only with gate
-and up interleaved row by row (``swiglu_fusion=1``), 4-bit codes stored as unsigned bytes
-[E, N, K/2] (two per byte, low nibble first; the zero point 8 unless given), blocked along K
-(block sizes a power of two >= 16) or per output channel. Its 8-bit experts compute with
+active width, where QMoE (one node: top-k, renormalisation and the chosen experts' int4
+GEMMs in MLAS's blockwise kernels) costs about what the dense MLP does
+(benchmarks/results/moe_decode.md). ORT 1.32's CPU QMoE picks the top-k by the router's logits
+(``router_probs``) and mixes with the chosen entries of ``router_weights`` (here the softmax
+over every expert, as the IR: renormalised over the chosen when ``normalize_routing_weights``;
+without router_weights its unnormalised weights are not the IR's, measured). It takes SwiGLU
+experts only with gate and up interleaved row by row (``swiglu_fusion=1``), 4-bit codes
+stored as unsigned bytes [E, N, K/2] (two per byte, low nibble first; the zero point 8
+unless given), blocked along K (block sizes a power of two >= 16) or per output channel. Its 8-bit experts compute with
 int8 activations at every accuracy level, so they would not be the exported graph's numbers:
 only 4-bit experts are rewritten; any other block (float, FP8, 8-bit, W8A8 experts, another
 activation) stays the standard graph, which ORT runs as it is.
@@ -140,10 +143,12 @@ def _replace_block(graph: onnx.GraphProto, m: str, accuracy_level: int) -> None:
     fc2_inputs = _stacked(f"{m}.qmoe.fc2", down)
     block = gate_up[0].block_size
     fc1_names, fc2_names = ([t.name if t else "" for t in ts] for ts in (fc1_inputs, fc2_inputs))
+    probs = by_name[f"{m}/Softmax"].output[0]  # [T, E]: the softmax over every expert
     inputs = [rows, logits, *fc1_names[:2], "", *fc2_names[:2], "", "", "", ""]
-    inputs += [fc1_names[2], fc2_names[2]]  # zero points ("" when symmetric)
-    while not inputs[-1]:
-        inputs.pop()
+    inputs += [fc1_names[2], fc2_names[2], ""]  # zero points ("" when symmetric), no fc3
+    # The mixing weights: the chosen experts' softmax over all, renormalised or not. Without
+    # router_weights, CPU QMoE's unnormalised weights are not those (measured).
+    inputs.append(probs)
     qmoe = helper.make_node(
         "QMoE",
         inputs,
@@ -160,7 +165,7 @@ def _replace_block(graph: onnx.GraphProto, m: str, accuracy_level: int) -> None:
         accuracy_level=accuracy_level,
         **({"block_size": block} if block else {}),
     )
-    keep = {f"{m}/rows", f"{m}.shape.rows", f"{m}/out", f"{m}/shape"}
+    keep = {f"{m}/rows", f"{m}.shape.rows", f"{m}/Softmax", f"{m}/out", f"{m}/shape"}
     router = f"{m}.router/"
     dropped = {
         n.name
