@@ -12,9 +12,9 @@ over every expert, as the IR: renormalised over the chosen when ``normalize_rout
 without router_weights its unnormalised weights are not the IR's, measured). It takes SwiGLU
 experts only with gate and up interleaved row by row (``swiglu_fusion=1``), 4-bit codes
 stored as unsigned bytes [E, N, K/2] (two per byte, low nibble first; the zero point 8
-unless given), blocked along K (block sizes a power of two >= 16) or per output channel. Its 8-bit experts compute with
-int8 activations at every accuracy level, so they would not be the exported graph's numbers:
-only 4-bit experts are rewritten; any other block (float, FP8, 8-bit, W8A8 experts, another
+unless given), blocked along K (block sizes a power of two >= 16) or per output channel.
+Its 8-bit experts compute with int8 activations at every accuracy level, so they would not
+be the exported graph's numbers: only 4-bit experts are rewritten; any other block (float, FP8, 8-bit, W8A8 experts, another
 activation) stays the standard graph, which ORT runs as it is.
 
 The rewrite is exact: QMoE dequantizes the same codes with the same scales; with fp32
