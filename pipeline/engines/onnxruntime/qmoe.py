@@ -6,16 +6,17 @@ MatMulNBits, the SwiGLU), about 6 nodes per expert whether or not a token chose 
 routing's sort: at batch 1 that per-node cost makes the block ~1.4x a dense MLP of the same
 active width, where QMoE (one node: top-k, renormalisation and the chosen experts' int4
 GEMMs in MLAS's blockwise kernels) costs about what the dense MLP does
-(benchmarks/results/moe_decode.md). ORT 1.32's CPU QMoE picks the top-k by the router's logits
-(``router_probs``) and mixes with the chosen entries of ``router_weights`` (here the softmax
-over every expert, as the IR: renormalised over the chosen when ``normalize_routing_weights``;
-without router_weights its unnormalised weights are not the IR's, measured). It takes SwiGLU
-experts only with gate and up interleaved row by row (``swiglu_fusion=1``), 4-bit codes
-stored as unsigned bytes [E, N, K/2] (two per byte, low nibble first; the zero point 8
-unless given), blocked along K (block sizes a power of two >= 16) or per output channel.
-Its 8-bit experts compute with int8 activations at every accuracy level, so they would not
-be the exported graph's numbers: only 4-bit experts are rewritten; any other block (float, FP8, 8-bit, W8A8 experts, another
-activation) stays the standard graph, which ORT runs as it is.
+(benchmarks/results/moe_decode.md). ORT 1.32's CPU QMoE picks the top-k by the router's
+logits (``router_probs``) and mixes with the chosen entries of ``router_weights`` (here the
+softmax over every expert, as the IR: renormalised over the chosen when
+``normalize_routing_weights``; without router_weights its unnormalised weights are not the
+IR's, measured). It takes SwiGLU experts only with gate and up interleaved row by row
+(``swiglu_fusion=1``), 4-bit codes stored as unsigned bytes [E, N, K/2] (two per byte, low
+nibble first; the zero point 8 unless given), blocked along K (block sizes a power of two >=
+16) or per output channel. Its 8-bit experts compute with int8 activations at every accuracy
+level, so they would not be the exported graph's numbers: only 4-bit experts are rewritten;
+any other block (float, FP8, 8-bit, W8A8 experts, another activation) stays the standard
+graph, which ORT runs as it is.
 
 The rewrite is exact: QMoE dequantizes the same codes with the same scales; with fp32
 activations (``accuracy_level`` 0) its outputs match the standard block's to fp32 rounding,
