@@ -20,7 +20,14 @@ from ingot.runtime.kv_pool import KVPool, kv_numpy_dtype
 
 from .engines import ENGINE_BUILDERS
 from .engines.base import EngineSizing, EngineTarget, engine_name
-from .model.architecture import LayerLinear, linear_names, linear_shape
+from .model.architecture import (
+    LayerLinear,
+    fused_names,
+    layer_linear,
+    linear_names,
+    linear_shape,
+    stays_float,
+)
 from .model.config import ConfigError, ModelConfig
 from .model.family import EXPERT
 from .model.selection import selected
@@ -165,6 +172,22 @@ class _Shapes:
 
     def spec(self, i: int) -> tuple[LayerLinear, ...]:
         return self.cfg.layer_spec(i).linears
+
+    def inputs(self, tokens: int) -> tuple[tuple[int, float], ...]:
+        """(K, tokens observed) of each quantized group's input in the widest layer: an
+        expert's see top_k / experts of the tokens (`LayerWork.inputs`); () for a dense
+        model (the methods' default)."""
+        cfg = self.cfg
+        if not cfg.moe_layers:
+            return ()
+        i, share = self.widest_layer, cfg.top_k / max(cfg.num_experts, 1)
+        inputs = []
+        for group in cfg.layer_spec(i).groups:
+            linear = layer_linear(f"layers.{i}.{group[0]}", cfg)
+            if not stays_float(linear):
+                k = linear_shape(cfg, f"layers.{i}.{group[0]}")[0]
+                inputs.append((k, tokens * share if ".experts." in group[0] else tokens))
+        return tuple(inputs)
 
 
 def plan_build(
@@ -509,7 +532,8 @@ def _quantize_layerwise(
     act_bytes = 3 * CONSTANTS["chunk_bytes"] if spilled else 3 * acts
     attention = 4 * cal.samples * cal.seq_len**2 * c.num_heads * c.head_dim
     forward = 2 * shapes.active_layer_params * tokens + attention
-    costs = _method_costs(entries, LayerWork(tuple(shapes.linears()), tokens, forward))
+    work = LayerWork(tuple(shapes.linears()), tokens, forward, shapes.inputs(tokens))
+    costs = _method_costs(entries, work)
     widest_in = max(k for _, k in shapes.linears())
     hessians = any(Observation.HESSIAN in method_of(e).observes(e) for e in entries)
     hessian = widest_in**2 * 4 * 2 if hessians else 0
@@ -545,10 +569,10 @@ def _precision(shapes: _Shapes, recipe: Recipe, entries: Sequence[Quantize]) -> 
     attention = 4 * cal.samples * cal.seq_len**2 * c.num_heads * c.head_dim
     forward = 2 * shapes.active_layer_params * tokens + attention
     head = 2 * tokens * c.hidden_size * c.vocab_size
-    work = LayerWork(tuple(shapes.linears()), tokens, forward)
+    work = LayerWork(tuple(shapes.linears()), tokens, forward, shapes.inputs(tokens))
     trials, passes, flops = 0, 0.0, 0.0
     for entry in entries:
-        for unit in units_of(selected(entry, linear_names(c)), c):
+        for unit in units_of(selected(entry, linear_names(c), fused_names(c)), c):
             for candidate in method_of(entry).nested(entry).values():
                 after = c.num_layers - unit.layer - 1
                 costs = method_of(candidate).layer_costs(candidate, work)

@@ -75,7 +75,8 @@ def write_tokenizer(path: Path, vocab_size: int, corpus: list[str] | None = None
 
 
 def make_checkpoint(path: Path, arch: str = "llama", seed: int = 0, **overrides) -> Path:
-    """A random-weight HF checkpoint of `arch` (llama | mistral | qwen2 | qwen3) saved as safetensors."""
+    """A random-weight HF checkpoint of `arch` (llama | mistral | qwen2 | qwen3) saved as
+    safetensors."""
     import torch
     import transformers
 

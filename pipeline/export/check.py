@@ -127,15 +127,16 @@ def check_graph(
     seed: int = 0,
     rtol: float | None = None,
     accuracy: Accuracy = "exact",
+    rope_len: int | None = None,
 ) -> dict[str, Any]:
-    """Compare the graph ``runner`` runs with the IR.
+    """Compare the graph ``runner`` runs with the IR (``rope_len``: `GraphCheck`).
 
     ``accuracy`` says how the runner computes: "exact" (fp32 activations everywhere) or
     "int8_activations" (ORT: MatMulNBits at accuracy level 4); it picks the default ``rtol``
     (`RTOL`). Raises ``ExportError`` on a mismatch (see the module docstring for the
     criterion); returns the report that becomes ``check.json``.
     """
-    return GraphCheck(source, num_tokens=num_tokens, seed=seed)(
+    return GraphCheck(source, num_tokens=num_tokens, seed=seed, rope_len=rope_len)(
         runner, rtol=rtol, accuracy=accuracy
     )
 
@@ -166,10 +167,22 @@ class GraphCheck:
     reports the first call's ``kv_rounding_ties``).
     """
 
-    def __init__(self, source: LayerSource, *, num_tokens: int = 24, seed: int = 0) -> None:
+    def __init__(
+        self,
+        source: LayerSource,
+        *,
+        num_tokens: int = 24,
+        seed: int = 0,
+        rope_len: int | None = None,
+    ) -> None:
+        """``rope_len``: the sequence length the graph's RoPE table was made for
+        (`rope.table`: the export's max_seq_len), which the reference rotates with too; None:
+        each chunk's own length, as transformers. They differ only for LongRoPE past its
+        original context."""
         if num_tokens < 4:
             raise ValueError("check_graph needs num_tokens >= 4 (two sequences, two chunks each)")
         self.source, self.num_tokens, self.seed = source, num_tokens, seed
+        self.rope_len = rope_len
         self._reference: _Reference | None = None
 
     def __call__(
@@ -188,7 +201,7 @@ class GraphCheck:
         ref = self._reference
         if ref is None:
             logits, hidden, ties, quantized = _reference(
-                self.source, run.prompts, run.splits, run.kv_dtype, run.cache.stored
+                self.source, run.prompts, run.splits, run.kv_dtype, run.cache.stored, self.rope_len
             )
             ref = _Reference(logits, hidden, ties, frozenset(quantized), run.kv_name)
             self._reference = ref
@@ -273,6 +286,7 @@ def _reference(
     splits: list[int],
     kv_dtype: type = np.float32,
     stored: StoredKV | None = None,
+    rope_len: int | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray], int, set[str]]:
     """The IR's logits [n, V] and hidden [n, hidden] for each prompt, prefilled in two chunks
     (``prompts[s][:splits[s]]`` then the rest) with K/V rounded to ``kv_dtype`` (the pool's
@@ -294,7 +308,7 @@ def _reference(
         with dequantized(layer):  # once per layer, not per chunk: bit-identical, faster
             for s, split in enumerate(splits):
                 graph_kv = None if stored is None or not rounded else partial(stored, i, s)
-                xs[s], n = _layer_chunks(layer, cfg, xs[s], split, fp16, graph_kv)
+                xs[s], n = _layer_chunks(layer, cfg, xs[s], split, fp16, graph_kv, rope_len)
                 ties += n
         del layer  # let it go before the next one is loaded
     norm = source.final_norm()
@@ -330,6 +344,7 @@ def _layer_chunks(
     split: int,
     fp16: bool,
     graph_kv: Callable[[int, int], tuple[np.ndarray, np.ndarray]] | None,
+    rope_len: int | None = None,
 ) -> tuple[torch.Tensor, int]:
     """x [1, n, hidden] through one decoder layer in chunks [0, split) and [split, n); returns
     the output and the number of rounding ties adopted from ``graph_kv(start, end)``.
@@ -346,7 +361,7 @@ def _layer_chunks(
     for start, end in ((0, split), (split, x.shape[1])):
         chunk = x[:, start:end]
         positions = torch.arange(start, end)[None]  # [1, T]
-        cos, sin = cos_sin(cfg, positions, seq_len=end)
+        cos, sin = cos_sin(cfg, positions, seq_len=rope_len or end)
         k, v = layer.stored_kv(chunk, cos, sin)
         new = (k, v)
         if fp16:

@@ -60,16 +60,17 @@ from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
+import onnx
 import torch
 from onnx import TensorProto, helper
 
+from ..model import rope
 from ..model.config import ModelConfig
 from ..model.kv_quant import KVQuantLayers, KVScales
 from ..model.kv_rounding import KVQuant
 from ..model.layer_source import LayerSource, ModelLayers
 from ..model.layers import MLP, SparseMoE
 from ..model.llama import LlamaModel
-from ..model.rope import inv_frequencies
 from .embedding import emit_embedding
 from .errors import ExportError
 from .graph import GraphBuilder
@@ -89,6 +90,7 @@ __all__ = [
     "mlp",
     "norm",
     "rms_norm",
+    "rope_length",
     "shared_tensors",
 ]
 
@@ -177,6 +179,16 @@ def export_onnx(
     if kv_scales is not None:
         info["kv_scales"] = kv_scales.to_json()
     return info
+
+
+def rope_length(graph: Path) -> int:
+    """The sequence length the RoPE table of the graph at `graph` was made for (its rows:
+    the export's max_seq_len), read from the proto alone (the weights stay on disk)."""
+    proto = onnx.load(str(graph), load_external_data=False)
+    table = next((t for t in proto.graph.initializer if t.name == "rope.cos_cache"), None)
+    if table is None:
+        raise ExportError(f"{graph}: no rope.cos_cache table (not ingot's decoder graph)")
+    return int(table.dims[0])
 
 
 def _validate(cfg: ModelConfig, max_seq_len: int, kv_dtype: str, kv_block_size: int) -> None:
@@ -291,7 +303,7 @@ def _build(
 class SharedTensors:
     """Names of the tensors every layer reuses."""
 
-    cos: str  # [max_seq_len, D/2]
+    cos: str  # [max_seq_len, R/2], R = the channels of a head RoPE rotates
     sin: str
     past: str  # reshape target: gathered blocks -> [S, MB*B, Hkv*D]
     fp8_values: str | None = None  # [256] float32: the value of each E4M3FN byte (fp8 pools)
@@ -307,11 +319,11 @@ def shared_tensors(
     """The RoPE tables (computed exactly as the IR computes cos / sin) and the constants every
     layer's attention reads; with `kv_slots` (an input) the layers write their K/V into the
     pool there, else they return them."""
-    angles = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_frequencies(cfg)
+    cos, sin = rope.table(cfg, max_seq_len)  # [max_seq_len, R/2] (R: the rotated channels)
     rows = [0, 0, cfg.num_kv_heads, cfg.head_dim]
     return SharedTensors(
-        cos=g.array("rope.cos_cache", angles.cos().numpy()),  # [max_seq_len, D/2]
-        sin=g.array("rope.sin_cache", angles.sin().numpy()),
+        cos=g.array("rope.cos_cache", cos.numpy()),
+        sin=g.array("rope.sin_cache", sin.numpy()),
         past=g.ints("shape.past", [0, -1, cfg.num_kv_heads * cfg.head_dim]),
         fp8_values=_fp8_values(g) if kv_dtype == "fp8" else None,
         kv_slots=kv_slots,
@@ -371,11 +383,20 @@ def attention(g, attn, i, h, positions, pool, tables, mask, c: SharedTensors, kv
     if attn.q_norm is not None:  # per-head norms before RoPE (Qwen3, Gemma 3)
         q = _head_norm(g, attn, attn.q_norm, f"{a}.q_norm", q, hq)
         k = _head_norm(g, attn, attn.k_norm, f"{a}.k_norm", k, hkv)
-    # 3D RotaryEmbedding (num_heads attr) rotates [S, Q, H*D] in place of a reshape round trip.
-    q = g.op("RotaryEmbedding", [q, c.cos, c.sin, positions], f"{a}/rope_q", num_heads=hq)
+    # 3D RotaryEmbedding (num_heads attr) rotates [S, Q, H*D] in place of a reshape round trip;
+    # a partial one (rotary_embedding_dim) rotates the first R channels of each head.
+    partial = {} if attn.rotary_dim == d else {"rotary_embedding_dim": attn.rotary_dim}
+    q = g.op(
+        "RotaryEmbedding", [q, c.cos, c.sin, positions], f"{a}/rope_q", num_heads=hq, **partial
+    )
     k_out = f"new_k_{i}" if fp32_kv and returns_kv else None
     k = g.op(
-        "RotaryEmbedding", [k, c.cos, c.sin, positions], f"{a}/rope_k", out=k_out, num_heads=hkv
+        "RotaryEmbedding",
+        [k, c.cos, c.sin, positions],
+        f"{a}/rope_k",
+        out=k_out,
+        num_heads=hkv,
+        **partial,
     )
 
     keys_values = []

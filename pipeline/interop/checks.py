@@ -11,9 +11,9 @@ sliding window, no dynamic NTK RoPE. compressed-tensors holds an fp8 KV cache, n
 
 from __future__ import annotations
 
-from ..model.architecture import linear_names, linear_shape
+from ..model.architecture import fused_names, linear_names, linear_shape
 from ..model.config import ModelConfig
-from ..model.selection import selected
+from ..model.selection import Holder, selected
 from ..quantize.method import Grid, Scheme, method_of
 from ..recipe import Quantize, Recipe
 from ..recipe.errors import format_problem
@@ -33,8 +33,11 @@ def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     if not recipe.quantize:
         return ["interop: the interop formats hold quantized weights; add a quantize section"]
     modules = linear_names(cfg)
-    entry_of = {m: i for i, entry in enumerate(recipe.quantize) for m in selected(entry, modules)}
-    problems = []
+    fused = fused_names(cfg)
+    entry_of = {
+        m: i for i, entry in enumerate(recipe.quantize) for m in selected(entry, modules, fused)
+    }
+    problems = _fused_alike(fused, entry_of)
     for j, fmt in enumerate(recipe.interop):
         if fmt != _HOLDS_EVERY_SCHEME:
             problems += _schemes(j, fmt, recipe)
@@ -59,6 +62,24 @@ def interop_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     return problems
 
 
+def _fused_alike(fused: dict[str, Holder], entry_of: dict[str, int]) -> list[str]:
+    # The checkpoint stores these linears as one tensor (Phi-3's qkv_proj): every format
+    # writes them back stacked (fused.py), which needs one scheme for all the parts.
+    for holder, linears in {h.name: h.parts for h in fused.values()}.items():
+        entries = [entry_of.get(m) for m in linears]
+        if len(set(entries)) > 1:
+            named = ", ".join(
+                f"{m} by {'nothing' if e is None else f'quantize.{e}'}"
+                for m, e in zip(linears, entries, strict=True)
+            )
+            return [
+                f"interop: {holder} is one tensor in the checkpoint, which the interop formats "
+                f"write back, but its parts are quantized apart ({named}); select them with one "
+                "entry (a pattern naming the fused tensor selects all its parts)"
+            ]
+    return []
+
+
 def gguf_model_problems(cfg: ModelConfig) -> list[str]:
     """What llama.cpp cannot run as this model computes it (the GGUF writer refuses the same)."""
     problems = []
@@ -67,10 +88,12 @@ def gguf_model_problems(cfg: ModelConfig) -> list[str]:
             f"gguf: llama.cpp has no architecture for model_type {cfg.architecture!r} "
             "(its model family names none)"
         )
-    if cfg.rope.type not in ("default", "linear", "llama3"):
+    runs = cfg.family.gguf.rope_scalings if cfg.family.gguf is not None else ()
+    if cfg.family.gguf is not None and cfg.rope.type not in runs:
         problems.append(
-            f"gguf: llama.cpp has no {cfg.rope.type!r} RoPE scaling (config.json rope_type "
-            f"{cfg.rope.type!r}; llama.cpp runs default, linear and llama3)"
+            f"gguf: llama.cpp has no {cfg.rope.type!r} RoPE scaling for "
+            f"{cfg.family.gguf.arch} (config.json rope_type {cfg.rope.type!r}; llama.cpp runs "
+            f"{', '.join(runs)})"
         )
     dense = [i for i in range(cfg.num_layers) if i not in cfg.moe_layers]
     if cfg.moe_layers and dense:

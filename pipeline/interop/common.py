@@ -18,6 +18,7 @@ from ..model.llama import LlamaModel
 from ..model.qembedding import EMBEDDING, QuantizedEmbedding
 from ..model.qlinear import QuantizedLinear
 from .errors import InteropError
+from .fused import fuse_linears
 
 __all__ = [
     "InteropError",
@@ -77,6 +78,7 @@ def split_model(
     }
     if embedding:  # the formats' embeddings are float tables: written dequantized
         dense[f"{EMBEDDING}.weight"] = table.dequantize()
+    fuse_linears(model.cfg, quantized, dense)  # the checkpoint's fused tensors (Phi-3)
     if model.lm_head_tied:
         dense.pop("lm_head.weight", None)
     return quantized, dense

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..model.architecture import layer_linear, linear_shape, stays_float
+from ..model.architecture import linear_shape, stays_float
 from ..model.config import ModelConfig, RopeConfig
 from ..model.family import EXPERT
 from ..model.llama import LlamaModel
@@ -53,6 +53,7 @@ from ..model.rope import inv_frequencies
 from .checks import gguf_model_problems
 from .common import has_act_order
 from .errors import InteropError
+from .fused import layer_linears
 
 __all__ = ["GGUF_FILE", "write_gguf", "permute_rows", "encode_blocks"]
 
@@ -97,9 +98,8 @@ def write_gguf(model: LlamaModel, source: Path, out: Path) -> None:
             raise InteropError(f"interop gguf: no GGUF tensor name for {ir}")
         writer.add_tensor(name, data, raw_dtype=getattr(gguf.GGMLQuantizationType, qtype))
         counts[qtype] += 1
-    if cfg.rope.type == "llama3":
-        name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"
-        writer.add_tensor(name, _llama3_rope_factors(cfg), raw_dtype=gguf.GGMLQuantizationType.F32)
+    for name, factors in _rope_factors(gguf, cfg):
+        writer.add_tensor(name, factors, raw_dtype=gguf.GGMLQuantizationType.F32)
         counts["F32"] += 1
     writer.add_file_type(_file_type(gguf, tensors))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -122,27 +122,38 @@ def _tensors(model: LlamaModel, permute: bool):
     rotated = layer.rotated if permute else ()
     table = model.embed_tokens
     if isinstance(table, QuantizedEmbedding):  # its codes in blocks when they fit, as lm_head's
-        yield from _linear(EMBEDDING, table.linear(), None, cfg)
+        yield from _linear(EMBEDDING, table.linear(), None)
     else:
         yield "embed_tokens.weight", _f16(table.weight), "F16"
     for i in range(cfg.num_layers):
-        spec = cfg.family.sparse_layer if i in cfg.moe_layers else layer  # experts as {e}
         yield _norm(model, f"layers.{i}.{layer.norms[0]}")
-        for linear in spec.linears:
-            name = f"layers.{i}.{linear.name}"
-            if EXPERT in name:
-                yield _stacked(model, name)
-                continue
-            if stays_float(linear):  # a router: F32, as llama.cpp's converter writes it
-                yield f"{name}.weight", _f32(model.get_submodule(name).weight), "F32"
-                continue
-            heads = linear_shape(cfg, name)[1] // cfg.head_dim if linear.name in rotated else None
-            yield from _linear(name, model.get_submodule(name), heads, cfg)
+        if i in cfg.moe_layers:  # the experts stacked, the router F32
+            yield from _sparse_linears(model, i, rotated)
+        else:
+            for name, module in layer_linears(model, i):  # fused tensors stacked (Phi-3)
+                local = name.split(".", 2)[2]
+                heads = linear_shape(cfg, name)[1] // cfg.head_dim if local in rotated else None
+                yield from _linear(name, module, heads)
         for norm in (*layer.norms[1:], *layer.head_norms):
             yield _norm(model, f"layers.{i}.{norm}")
     yield _norm(model, "norm")
     if not model.lm_head_tied:  # tied: llama.cpp computes the logits with token_embd
-        yield from _linear("lm_head", model.lm_head, None, cfg)
+        yield from _linear("lm_head", model.lm_head, None)
+
+
+def _sparse_linears(model: LlamaModel, i: int, rotated: tuple[str, ...]):
+    """Sparse layer i's linears: the attention's as in a dense layer, the router F32 (as
+    llama.cpp's converter writes it), each expert linear's copies stacked (`_stacked`)."""
+    cfg = model.cfg
+    for linear in cfg.family.sparse_layer.linears:  # the experts' as {e}
+        name = f"layers.{i}.{linear.name}"
+        if EXPERT in name:
+            yield _stacked(model, name)
+        elif stays_float(linear):
+            yield f"{name}.weight", _f32(model.get_submodule(name).weight), "F32"
+        else:
+            heads = linear_shape(cfg, name)[1] // cfg.head_dim if linear.name in rotated else None
+            yield from _linear(name, model.get_submodule(name), heads)
 
 
 def _stacked(model: LlamaModel, template: str) -> tuple[str, np.ndarray, str]:
@@ -166,10 +177,9 @@ def _norm(model: LlamaModel, name: str) -> tuple[str, np.ndarray, str]:
     return f"{name}.weight", _f32(model.get_submodule(name).weight), "F32"
 
 
-def _linear(name: str, module: torch.nn.Module, heads: int | None, cfg: ModelConfig):
+def _linear(name: str, module: torch.nn.Module, heads: int | None):
     """A linear's weight (blocks when they hold its codes, else F16) and bias (F32); `heads`:
     permute its rows for llama.cpp's RoPE."""
-    layer_linear(name, cfg)  # a name the family's table knows
     rows = (lambda t: t) if heads is None else (lambda t: permute_rows(t, heads))
     if isinstance(module, QuantizedLinear):
         encoded = encode_blocks(module, rows)
@@ -246,6 +256,24 @@ def _file_type(gguf, tensors) -> int:
     return getattr(gguf.LlamaFileType, "MOSTLY_" + kind)
 
 
+def _rope_factors(gguf, cfg: ModelConfig) -> list[tuple[str, np.ndarray]]:
+    """(GGUF tensor name, F32 factors) of the RoPE scaling's tables: llama3's rope_freqs,
+    LongRoPE's rope_factors_long / _short (what each wavelength is multiplied by, as
+    convert_hf_to_gguf writes them; llama.cpp picks one by its context size)."""
+    if cfg.rope.type == "llama3":
+        name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"
+        return [(name, _llama3_rope_factors(cfg))]
+    if cfg.rope.type == "longrope":
+        tables = (
+            (gguf.MODEL_TENSOR.ROPE_FACTORS_LONG, cfg.rope.long_factor),
+            (gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT, cfg.rope.short_factor),
+        )
+        return [
+            (gguf.TENSOR_NAMES[t] + ".weight", np.asarray(f, dtype=np.float32)) for t, f in tables
+        ]
+    return []
+
+
 def _llama3_rope_factors(cfg: ModelConfig) -> np.ndarray:
     """llama.cpp's rope_freqs [D/2]: what each default frequency is divided by (ingot's llama3
     frequencies against unscaled ones, the factors convert_hf_to_gguf computes)."""
@@ -269,7 +297,7 @@ def _hyperparameters(writer, cfg: ModelConfig) -> None:
     writer.add_head_count_kv(cfg.num_kv_heads)
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
-    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_rope_dimension_count(cfg.rotated_dim)  # partial rotary: fewer than head_dim
     writer.add_rope_freq_base(cfg.rope.theta)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     if cfg.rope.type == "linear":
@@ -279,6 +307,9 @@ def _hyperparameters(writer, cfg: ModelConfig) -> None:
         writer.add_expert_count(cfg.num_experts)
         writer.add_expert_used_count(cfg.top_k)
         writer.add_expert_feed_forward_length(cfg.expert_intermediate_size)
+    if cfg.rope.type == "longrope":  # convert_hf_to_gguf's Phi-3 keys
+        writer.add_rope_scaling_attn_factors(cfg.rope.attention_factor)
+        writer.add_rope_scaling_orig_ctx_len(cfg.rope.original_max_position_embeddings)
 
 
 @dataclasses.dataclass(frozen=True)

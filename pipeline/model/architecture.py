@@ -18,7 +18,7 @@ from __future__ import annotations
 from .config import ModelConfig
 from .families.llama import DOWN, GATE_UP, LAYER, QKV, O
 from .family import EXPERT, LM_HEAD, Dim, LayerLinear, LayerSpec
-from .selection import EMBEDDING
+from .selection import EMBEDDING, Holder
 
 __all__ = [
     "DOWN",
@@ -33,6 +33,7 @@ __all__ = [
     "LayerLinear",
     "dim_label",
     "dim_size",
+    "fused_names",
     "has_bias",
     "layer_linear",
     "linear_names",
@@ -149,6 +150,20 @@ def stays_float(linear: LayerLinear) -> bool:
 def _linear_parameters(cfg: ModelConfig, m: LayerLinear) -> int:
     out = dim_size(cfg, m.out_dim)
     return dim_size(cfg, m.in_dim) * out + (out if has_bias(cfg, m) else 0)
+
+
+def fused_names(cfg: ModelConfig) -> dict[str, Holder]:
+    """{IR linear: the fused checkpoint tensor holding it} for every layer (`FusedLinear`:
+    `layers.0.attn.q_proj` -> `layers.0.attn.qkv_proj` with its parts); empty for a family
+    storing each linear on its own. A recipe pattern naming the fused tensor selects its
+    parts (selection.py)."""
+    holders = {}
+    for i in range(cfg.num_layers):
+        for fused in cfg.family.fused:
+            parts = tuple(f"layers.{i}.{part}" for part in fused.parts)
+            holder = Holder(f"layers.{i}.{fused.name}", parts)
+            holders |= dict.fromkeys(parts, holder)
+    return holders
 
 
 def parameter_count(cfg: ModelConfig, *, active: bool = False) -> int:

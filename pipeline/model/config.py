@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,17 @@ _REQUIRED_SIZES = (
 @dataclass(frozen=True, slots=True)
 class RopeConfig:
     theta: float = 10000.0
-    type: str = "default"  # default | linear | dynamic | llama3
+    type: str = "default"  # default | linear | dynamic | llama3 | longrope
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int | None = None
+    # LongRoPE (Phi-3): what each rotated frequency's wavelength is multiplied by, for
+    # sequences up to original_max_position_embeddings (short) and beyond (long), one per
+    # rotated pair; and the factor cos / sin are multiplied by (1.0 for every other type).
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+    attention_factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +78,14 @@ class ModelConfig:
     top_k: int = 0
     norm_topk_prob: bool = False
     expert_intermediate_size: int = 0
+    # The leading channels of each head RoPE rotates (even; None: all head_dim of them);
+    # the rest pass through (config.json's partial_rotary_factor: Phi-4-mini 0.75).
+    rotary_dim: int | None = None
+
+    @property
+    def rotated_dim(self) -> int:
+        """The channels of each head RoPE rotates (head_dim unless partial)."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
     @property
     def family(self) -> ModelFamily:
@@ -120,6 +135,9 @@ class ModelConfig:
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         window, layer_windows = _window(family, hf)
+        rotary_dim = _rotary_dim(hf, head_dim)
+        rope = _rope_from_hf(hf, family.rope_scalings)
+        _check_factors(rope, rotary_dim or head_dim)
         return cls(
             architecture=arch,
             vocab_size=hf["vocab_size"],
@@ -131,7 +149,7 @@ class ModelConfig:
             head_dim=head_dim,
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope=_rope_from_hf(hf, family.rope_scalings),
+            rope=rope,
             qkv_bias=_switch(family.biases.qkv, hf),
             o_bias=_switch(family.biases.o, hf),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", family.tie_default)),
@@ -140,6 +158,7 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
             **_experts(family.moe, hf),
+            rotary_dim=rotary_dim,
         )
 
     @classmethod
@@ -157,7 +176,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        d = dict(d, rope=RopeConfig(**d["rope"]), eos_token_ids=tuple(d["eos_token_ids"]))
+        rope = dict(d["rope"])
+        for key in ("short_factor", "long_factor"):
+            if rope.get(key) is not None:
+                rope[key] = tuple(rope[key])
+        d = dict(d, rope=RopeConfig(**rope), eos_token_ids=tuple(d["eos_token_ids"]))
         if d.get("layer_windows") is not None:
             d["layer_windows"] = tuple(d["layer_windows"])
         d["moe_layers"] = tuple(d.get("moe_layers", ()))
@@ -240,21 +263,76 @@ def _experts(rule: MoeRule | None, hf: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _rope_from_hf(hf: dict[str, Any], supported: tuple[str, ...]) -> RopeConfig:
+def _rope_params(hf: dict[str, Any]) -> dict[str, Any]:
     # transformers >= 5 writes rope_parameters; older configs split rope_theta / rope_scaling.
-    params = dict(hf.get("rope_parameters") or {})
-    scaling = hf.get("rope_scaling") or {}
-    params = {**scaling, **params}
+    return {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+
+
+def _rotary_dim(hf: dict[str, Any], head_dim: int) -> int | None:
+    """The channels of each head RoPE rotates, as transformers computes them (None: all)."""
+    fraction = _rope_params(hf).get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+    if fraction is None or int(head_dim * fraction) == head_dim:
+        return None
+    dim = int(head_dim * fraction)
+    if dim <= 0 or dim % 2:
+        raise ConfigError(
+            f"config.json: partial_rotary_factor {fraction} rotates {dim} of head_dim "
+            f"{head_dim} channels (expected a positive even number)"
+        )
+    return dim
+
+
+def _rope_from_hf(hf: dict[str, Any], supported: tuple[str, ...]) -> RopeConfig:
+    params = _rope_params(hf)
     kind = params.get("rope_type") or params.get("type") or "default"
+    kind = "longrope" if kind == "su" else kind  # LongRoPE's first name (Phi-3's early configs)
     if kind not in supported:
         raise ConfigError(
             f"config.json: rope type {kind!r} is not supported (supported: {', '.join(supported)})"
         )
-    return RopeConfig(
+    original = params.get(
+        "original_max_position_embeddings", hf.get("original_max_position_embeddings")
+    )
+    rope = RopeConfig(
         theta=float(params.get("rope_theta", hf.get("rope_theta", 10000.0))),
         type=kind,
         factor=float(params.get("factor", 1.0)),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=params.get("original_max_position_embeddings"),
+        original_max_position_embeddings=original,
+    )
+    return _longrope(rope, params, hf) if kind == "longrope" else rope
+
+
+def _check_factors(rope: RopeConfig, rotated: int) -> None:
+    """LongRoPE states one factor per rotated pair of channels."""
+    for key in ("short_factor", "long_factor"):
+        factors = getattr(rope, key)
+        if factors is not None and len(factors) != rotated // 2:
+            raise ConfigError(
+                f"config.json: rope {key} has {len(factors)} entries "
+                f"(expected {rotated // 2}: one per rotated pair of a head's channels)"
+            )
+
+
+def _longrope(rope: RopeConfig, params: dict[str, Any], hf: dict[str, Any]) -> RopeConfig:
+    """LongRoPE's factors, and its attention factor as transformers derives it when config.json
+    does not state one: sqrt(1 + ln(s) / ln(original)), s = `factor` or else
+    max_position_embeddings / original_max_position_embeddings (1.0 when s <= 1)."""
+    original = rope.original_max_position_embeddings
+    missing = [k for k in ("short_factor", "long_factor") if not params.get(k)]
+    if original is None:
+        missing.append("original_max_position_embeddings")
+    if missing:
+        raise ConfigError(f"config.json: longrope RoPE needs {', '.join(missing)}")
+    scale = params.get("factor") or hf.get("max_position_embeddings", 2048) / original
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
+    return replace(
+        rope,
+        factor=float(scale),
+        short_factor=tuple(float(f) for f in params["short_factor"]),
+        long_factor=tuple(float(f) for f in params["long_factor"]),
+        attention_factor=float(attention),
     )

@@ -37,7 +37,7 @@ from torch import nn
 
 from ingot.common.errors import IngotError
 
-from .config import ConfigError, ModelConfig
+from .config import ConfigError, ModelConfig, RopeConfig
 from .families.llama import PLUGIN as LLAMA
 from .head_checkpoint import check_tensors, read_config, read_tensors
 from .layers import MLP, Attention, RMSNorm, make_norm
@@ -232,10 +232,17 @@ class Eagle3Draft(nn.Module):
         """A draft to train for the target: its layer has the target's shapes and RoPE, its
         vocabulary is the target's (d2t zeros), its embedding is the target's `embedding`
         [V, Ht] (shared, frozen) and its lm_head starts as a copy of `lm_head_weight` [V, Ht];
-        the other linears are N(0, 0.02) from `seed`, the norms ones."""
+        the other linears are N(0, 0.02) from `seed`, the norms ones. A RoPE a Llama layer
+        cannot hold (Phi-3's longrope, partial rotary) becomes plain RoPE of the target's base:
+        the draft is trained with it, and vLLM's Llama draft rotates whole heads."""
+        rope = target_cfg.rope
+        if rope.type not in LLAMA.rope_scalings:
+            rope = RopeConfig(theta=rope.theta)
         layer = replace(
             target_cfg,
             architecture=LLAMA.name,  # the speculators layer is a Llama layer, whatever the target
+            rope=rope,
+            rotary_dim=None,
             num_layers=1,
             qkv_bias=False,  # the speculators layout has no attention biases
             o_bias=False,

@@ -35,6 +35,7 @@ __all__ = [
     "Biases",
     "Dim",
     "EXPERT",
+    "FusedLinear",
     "Gguf",
     "LayerLinear",
     "LayerSpec",
@@ -151,6 +152,17 @@ _EXPERT_NUMBER = re.compile(r"\.experts\.\d+\.")
 
 
 @dataclass(frozen=True, slots=True)
+class FusedLinear:
+    """One checkpoint tensor stacking several of the layer's linears along the output rows
+    (Phi-3's qkv_proj = [q; k; v]). The IR keeps the parts as linears of their own; the
+    reader splits the tensor, the interop writers stack the parts again, and a recipe pattern
+    naming the fused tensor selects its parts."""
+
+    name: str  # inside the layer, as the IR would name it: "attn.qkv_proj"
+    parts: tuple[str, ...]  # the layer's linears it stacks, in row order
+
+
+@dataclass(frozen=True, slots=True)
 class TensorNames:
     """Checkpoint (HF) <-> IR tensor names, as (HF prefix, IR prefix) pairs, the first that
     matches applies; {i} stands for a layer number, {e} for an expert's. Names no prefix
@@ -231,6 +243,9 @@ class Gguf:
 
     arch: str  # general.architecture: "llama", "qwen2"
     permute_rotated: bool
+    # The rope_type values llama.cpp runs for this architecture (the writer stores their
+    # tables: llama3's rope_freqs, longrope's rope_factors_long / _short).
+    rope_scalings: tuple[str, ...] = ("default", "linear", "llama3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +285,13 @@ class ModelFamily:
     rope_scalings: tuple[str, ...] = ("default", "linear", "dynamic", "llama3")
     tie_default: bool = False  # tie_word_embeddings when config.json does not say
     gguf: Gguf | None = None  # None: llama.cpp has no architecture for it
+    # Checkpoint tensors that stack several of the layer's linears (none: one tensor each).
+    fused: tuple[FusedLinear, ...] = ()
+
+    def fused_of(self, local: str) -> FusedLinear | None:
+        """The fused tensor a linear of the layer (`attn.q_proj`) is stored in, if any."""
+        return next((f for f in self.fused if local in f.parts), None)
+
     # A mixture-of-experts family: the layer whose MLP is sparse (router + experts; `layer`
     # stays the dense one, which the layers `moe` keeps dense use), and how config.json
     # describes the experts. None: every layer is `layer`.
@@ -288,6 +310,7 @@ MODEL_FAMILIES: Registry[ModelFamily] = Registry(
         "llama": "ingot.pipeline.model.families.llama",
         "mistral": "ingot.pipeline.model.families.mistral",
         "qwen2": "ingot.pipeline.model.families.qwen2",
+        "phi3": "ingot.pipeline.model.families.phi3",
         "qwen3": "ingot.pipeline.model.families.qwen3",
         "mixtral": "ingot.pipeline.model.families.mixtral",
         "qwen3_moe": "ingot.pipeline.model.families.qwen3_moe",

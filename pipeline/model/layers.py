@@ -70,6 +70,7 @@ class Attention(nn.Module):
             cfg.num_kv_heads,
             cfg.head_dim,
         )
+        self.rotary_dim = cfg.rotated_dim  # the leading channels of a head RoPE rotates
         self.q_proj = _linear(cfg, "attn.q_proj")
         self.k_proj = _linear(cfg, "attn.k_proj")
         self.v_proj = _linear(cfg, "attn.v_proj")

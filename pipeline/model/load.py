@@ -6,15 +6,20 @@ headers alone; each stays on disk, in its stored dtype, until its layer's turn c
 then read (plain positioned reads, not a memory map) and converted to float32. Nothing is
 cached between calls, so a layer-by-layer pass holds one layer's weights, never the whole
 model. `load_model` builds the whole model from the same reader.
+
+A tensor stacking several of the layer's linears (the family's `FusedLinear`: Phi-3's
+qkv_proj) is located as its parts: a range of rows of a row-major tensor is a contiguous byte
+range, so each part is read on its own, at no extra cost.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -25,6 +30,7 @@ from ingot.common.errors import IngotError
 
 from .architecture import lm_head_source
 from .config import ModelConfig
+from .family import ModelFamily
 from .layers import DecoderLayer, make_norm
 from .llama import LlamaModel
 
@@ -83,6 +89,33 @@ class _Stored:
     dtype: torch.dtype
     shape: tuple[int, ...]
     offset: int  # of its first byte in the file
+    part: bool = False  # a range of rows of a fused tensor (`FusedLinear`)
+
+
+def _parts(
+    name: str, stored: _Stored, family: ModelFamily, expected: dict[str, tuple[int, ...]]
+) -> list[tuple[str, _Stored]]:
+    """(IR name, where) of what checkpoint tensor `name` (IR-named) holds: itself, or for a
+    fused tensor (`layers.3.attn.qkv_proj.weight`) each part's rows, in the family's order,
+    as many as config.json gives each part (`FusedLinear`)."""
+    match = re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias)", name)
+    fused = match and next((f for f in family.fused if f.name == match[2]), None)
+    if not fused:
+        return [(name, stored)]
+    names = [f"layers.{match[1]}.{part}.{match[3]}" for part in fused.parts]
+    rows = [expected.get(n, (0,))[0] for n in names]
+    if not stored.shape or stored.shape[0] != sum(rows):
+        raise CheckpointError(
+            f"{stored.file.name}: {stored.hf_name} has shape {stored.shape}; config.json "
+            f"implies {sum(rows)} rows ({' + '.join(map(str, rows))}: {', '.join(fused.parts)})"
+        )
+    row_bytes = math.prod(stored.shape[1:]) * stored.dtype.itemsize
+    parts, offset = [], stored.offset
+    for part, n in zip(names, rows, strict=True):
+        shape = (n, *stored.shape[1:])
+        parts.append((part, replace(stored, shape=shape, offset=offset, part=True)))
+        offset += n * row_bytes
+    return parts
 
 
 def _stored_tensors(file: Path) -> dict[str, _Stored]:
@@ -145,30 +178,34 @@ class CheckpointReader:
         self.path = Path(path)
         self._cfg = cfg or ModelConfig.from_dir(self.path)
         expected = _expected_shapes(self._cfg)
-        names = self._cfg.family.tensor_names
+        family = self._cfg.family
+        names = family.tensor_names
         self._where: dict[str, _Stored] = {}  # by IR name
         for file in weight_files(self.path):
             for hf_name, stored in _stored_tensors(file).items():
                 if _IGNORED.search(hf_name):
                     continue
-                name = names.to_ir(hf_name)
-                if name not in expected:
-                    raise CheckpointError(f"{file.name}: unexpected tensor {hf_name!r}")
-                if name in self._where:
-                    raise CheckpointError(
-                        f"{file.name}: {hf_name} is also in {self._where[name].file.name}"
-                    )
-                if stored.shape != expected[name]:
-                    raise CheckpointError(
-                        f"{file.name}: {hf_name} has shape {stored.shape}, "
-                        f"config.json implies {expected[name]}"
-                    )
-                self._where[name] = stored
+                for name, part in _parts(names.to_ir(hf_name), stored, family, expected):
+                    self._locate(name, part, expected)
         missing = sorted(set(expected) - set(self._where))
         if missing:
             raise CheckpointError(
                 f"{self.path}: tensors missing from the checkpoint: {missing[:5]}"
             )
+
+    def _locate(self, name: str, stored: _Stored, expected: dict[str, tuple[int, ...]]) -> None:
+        """Record where IR tensor `name` is, after checking it is expected, once, in shape."""
+        file, hf_name = stored.file.name, stored.hf_name
+        if name not in expected:
+            raise CheckpointError(f"{file}: unexpected tensor {hf_name!r}")
+        if name in self._where:
+            raise CheckpointError(f"{file}: {hf_name} is also in {self._where[name].file.name}")
+        if stored.shape != expected[name]:
+            what = f"rows of {hf_name}" if stored.part else hf_name
+            raise CheckpointError(
+                f"{file}: {what} has shape {stored.shape}, config.json implies {expected[name]}"
+            )
+        self._where[name] = stored
 
     @property
     def cfg(self) -> ModelConfig:

@@ -55,7 +55,7 @@ from torch import nn
 from ingot.calibration.activations import ActivationSpace, ActivationStore, budget_from_env
 from ingot.calibration.dataset import CalibrationSet
 
-from ..model.architecture import LM_HEAD, linear_names
+from ..model.architecture import LM_HEAD, fused_names, linear_names
 from ..model.config import ModelConfig
 from ..model.layer_source import LayerSource, ModelLayers
 from ..model.layers import DecoderLayer
@@ -261,7 +261,9 @@ def quantize_in_place(
     else:
         with tempfile.TemporaryDirectory(prefix="ingot-acts-") as tmp:
             _walk(source, entries, finished, calibration, Path(tmp), where, None)
-    return summaries(entries, linear_names(model.cfg), experts=finished.experts())
+    return summaries(
+        entries, linear_names(model.cfg), fused=fused_names(model.cfg), experts=finished.experts()
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,7 +349,7 @@ def _quantize_one_layer(
 ) -> None:
     """Load layer i, quantize it, hand it to ``finished`` (on the CPU); nothing of it outlives
     the call (unless the source keeps it: a model in memory)."""
-    layer, plan = source.layer(i), layer_plan(i, entries, source.cfg)
+    layer, plan = source.layer(i), layer_plan(i, entries, fused_names(source.cfg), source.cfg)
     round_linears(layer, plan)  # on the CPU, whatever the device
     experts: dict[str, dict] = {}
     if acts is not None:
@@ -491,4 +493,6 @@ def _write_ir(
         quantized.update({prefix + k: q for k, q in meta.items()})
     write_ir_config(cfg, dict(sorted(quantized.items())), out)
     write_safetensors(out / "ir.safetensors", tensors)
-    return summaries(entries, linear_names(cfg), experts=checkpoints.experts())
+    return summaries(
+        entries, linear_names(cfg), fused=fused_names(cfg), experts=checkpoints.experts()
+    )

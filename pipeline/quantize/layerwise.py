@@ -43,7 +43,7 @@ from ..model.layers import DecoderLayer
 from ..model.llama import window_masks
 from ..model.qlinear import dequantize_in_place, dequantized, replace_module
 from ..model.rope import cos_sin
-from ..model.selection import entry_for
+from ..model.selection import Holder, entry_for
 from .method import CHANNEL_SAMPLE_TOKENS, Group, GroupInputs, Observation, QuantEntry, method_of
 from .threads import solver_threads
 
@@ -90,16 +90,22 @@ def round_linears(module: nn.Module, plan: Mapping[str, QuantEntry]) -> None:
                 replace_module(module, name, rounded)
 
 
-def layer_plan(i: int, entries: Sequence[QuantEntry], cfg: ModelConfig | None = None) -> LayerPlan:
+def layer_plan(
+    i: int,
+    entries: Sequence[QuantEntry],
+    fused: Mapping[str, Holder] | None = None,
+    cfg: ModelConfig | None = None,
+) -> LayerPlan:
     """Which entry quantizes each linear of layer i (the recipe checks allow one), of what
-    `cfg`'s layer i holds (None: the Llama layer)."""
+    `cfg`'s layer i holds (None: the Llama layer); `fused`: the fused tensors holding linears,
+    which patterns may name (`architecture.fused_names`)."""
     plan = {}
     spec = LAYER if cfg is None else cfg.layer_spec(i)
     for group in spec.groups:
         for name in group:
             if stays_float(spec.linear(name)):
                 continue
-            entry = entry_for(f"layers.{i}.{name}", entries)
+            entry = entry_for(f"layers.{i}.{name}", entries, fused)
             if entry is not None:
                 plan[name] = entry
     return plan

@@ -187,6 +187,13 @@ class LayerWork:
     linears: tuple[tuple[int, int], ...]  # (N, K) of each linear
     tokens: int  # calibration tokens
     forward_flops: float  # one forward pass of the layer over them
+    # (K, tokens observed) of each group's input, in compute order: an expert's groups see
+    # the tokens routed to it. (): one input per distinct K, over every token.
+    inputs: tuple[tuple[int, float], ...] = ()
+
+    def observed(self) -> tuple[tuple[int, float], ...]:
+        """(K, tokens) of each input a method observes (`inputs`, or its default)."""
+        return self.inputs or tuple((k, self.tokens) for k in sorted({k for _, k in self.linears}))
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,8 @@ a dense layer, then its experts one at a time.
 An expert computes only on the tokens the router sends it, so its statistics (GPTQ's
 Hessian, AWQ's channel magnitudes, static FP8's ranges) come from those tokens, routed by the
 float router on the layer's own inputs. A rarely chosen expert may see almost none: a Hessian
-of fewer tokens than its input width is singular, and GPTQ fitted to a handful of tokens (or
-to none: an all-zero Hessian) overfits them or divides by its damping alone. The rule:
+of fewer tokens than its input width is singular: GPTQ fits the handful of tokens it has, and
+with none (an all-zero Hessian) treats every channel as dead and zeroes the weights. The rule:
 
 - ``routed``: the expert saw at least `min_routed_tokens` tokens (its widest input: hidden or
   the experts' intermediate width): statistics from its routed tokens only.
@@ -14,9 +14,10 @@ to none: an all-zero Hessian) overfits them or divides by its damping alone. The
   then not part of the layer's output: the walk computes that with the real routing).
 
 Each calibrated expert's record ({"routed_tokens", "statistics": the rule}) goes to
-quantize.json under the entries that quantized it. The per-expert passes dequantize only that
-expert, so the walk's cost grows with the experts' count, not its square; one expert's
-observers are alive at a time.
+quantize.json under the entries that quantized it. The routes are computed once per layer
+(the router is float: quantizing experts changes none); each expert's passes read the residual
+stream again and dequantize that expert only, so the walk's cost grows with the experts'
+count, not its square; one expert's observers are alive at a time.
 """
 
 from __future__ import annotations
@@ -70,11 +71,12 @@ def quantize_sparse_layer(
         resid = attention_in_sequence(step, x, new_store)
     else:
         resid = _attention_as_loaded(step, x, new_store)
-    counts = _routed_counts(step, resid)  # [E]
+    routes = _routes(step, resid)  # per chunk: [tokens, top_k] the experts each token chose
+    counts = torch.bincount(torch.cat(routes).flatten(), minlength=len(step.layer.mlp.experts))
     least = min_routed_tokens(step.cfg)
     for e, count in enumerate(counts.tolist()):
         rule = ROUTED if count >= least else ALL_TOKENS
-        calibrated = _calibrate_expert(step, resid, e, rule == ALL_TOKENS, sequential)
+        calibrated = _calibrate_expert(step, resid, routes, e, rule == ALL_TOKENS, sequential)
         if calibrated and experts is not None:
             name = f"layers.{step.layer.index}.mlp.experts.{e}"
             experts[name] = {"routed_tokens": count, "statistics": rule}
@@ -119,19 +121,22 @@ def _mlp_inputs(step: LayerSteps, resid: ActivationStore, a: int, b: int) -> tor
     return h.reshape(-1, h.shape[-1])
 
 
-def _routed_counts(step: LayerSteps, resid: ActivationStore) -> torch.Tensor:
-    """[E] int64: the calibration tokens the router sends each expert."""
+def _routes(step: LayerSteps, resid: ActivationStore) -> list[torch.Tensor]:
+    """Per chunk, [tokens, top_k] int64 (on the CPU): the experts the router sends each
+    calibration token to. Computed once per layer: the router and the norm before it are
+    float, so quantizing the experts changes no route."""
     moe = step.layer.mlp
-    counts = torch.zeros(len(moe.experts), dtype=torch.int64)
-    with torch.no_grad():  # the router and the norm are float: nothing to dequantize
-        for a, b in step.chunks():
-            chosen = moe.route(_mlp_inputs(step, resid, a, b))[1]  # [tokens, top_k]
-            counts += torch.bincount(chosen.flatten().cpu(), minlength=len(counts))
-    return counts
+    with torch.no_grad():  # nothing to dequantize
+        return [moe.route(_mlp_inputs(step, resid, a, b))[1].cpu() for a, b in step.chunks()]
 
 
 def _calibrate_expert(
-    step: LayerSteps, resid: ActivationStore, e: int, all_tokens: bool, sequential: bool
+    step: LayerSteps,
+    resid: ActivationStore,
+    routes: list[torch.Tensor],
+    e: int,
+    all_tokens: bool,
+    sequential: bool,
 ) -> bool:
     """Quantize expert e's calibrated linears (gate,up, then down) on its tokens (every
     token with `all_tokens`); False when the plan calibrates none of them."""
@@ -144,9 +149,10 @@ def _calibrate_expert(
 
     def observe(gu: Observed | None, dn: Observed | None) -> None:
         with dequantized(expert):  # this expert only: the router stays float
-            for a, b in step.chunks():
+            for (a, b), chosen in zip(step.chunks(), routes, strict=True):
                 h = _mlp_inputs(step, resid, a, b)  # [tokens, hidden]
-                rows = None if all_tokens else (moe.route(h)[1] == e).any(-1).nonzero()[:, 0]
+                rows = None if all_tokens else (chosen == e).any(-1).nonzero()[:, 0]
+                rows = None if rows is None else rows.to(h.device)
                 xe = h if rows is None else h[rows]  # [routed, hidden]
                 _feed(gu, xe, rows, len(h))
                 if dn is not None:

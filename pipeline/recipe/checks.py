@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..model.architecture import LM_HEAD, dim_label, dim_size, layer_linear, linear_names
+from ..model.architecture import (
+    LM_HEAD,
+    dim_label,
+    dim_size,
+    fused_names,
+    layer_linear,
+    linear_names,
+)
 from ..model.config import ModelConfig
 from ..model.selection import EMBEDDING, embedding_entry, pattern_matches, selected
 from ..quantize.fields import GROUP_SIZES
@@ -30,14 +37,15 @@ def model_problems(recipe: Recipe, cfg: ModelConfig) -> list[str]:
 def quantize_problems(entries: Sequence[Quantize], cfg: ModelConfig, path: str) -> list[str]:
     """One line per way the quantize entries at recipe `path` (`quantize`, or a draft model's
     list) do not fit the model of `cfg`."""
-    modules = linear_names(cfg)
+    modules, fused = linear_names(cfg), fused_names(cfg)
+    holders = sorted({h.name for h in fused.values()})  # names a pattern may use too
     problems = []
     selected_by: dict[str, list[int]] = {}
     for index, entry in enumerate(entries):
         at = f"{path}.{index}"
-        pattern_problems = _check_patterns(at, entry, modules)
+        pattern_problems = _check_patterns(at, entry, modules, holders)
         problems += pattern_problems
-        chosen = selected(entry, modules)
+        chosen = selected(entry, modules, fused)
         if embedding_entry([entry]) is not None:  # named exactly (selection.py)
             chosen = [EMBEDDING, *chosen]
             problems += embedding_problems(at, entry, chosen, cfg)
@@ -67,11 +75,12 @@ def _check_max_seq_len(recipe: Recipe, cfg: ModelConfig) -> list[str]:
     return [format_problem("export.max_seq_len", what, recipe.export.max_seq_len, f"<= {limit}")]
 
 
-def _check_patterns(at: str, entry: Quantize, modules: list[str]) -> list[str]:
-    # A pattern that matches nothing is almost always a typo ("layers.0.atn.q_proj").
+def _check_patterns(at: str, entry: Quantize, modules: list[str], fused: list[str]) -> list[str]:
+    # A pattern that matches nothing is almost always a typo ("layers.0.atn.q_proj"). The
+    # fused tensors a family stores linears in (Phi-3's qkv_proj) are names too.
     problems = []
     example = f"names like {modules[0]}, {modules[1]}, {modules[-1]}, {EMBEDDING}, or re:<regex>"
-    known = [*modules, EMBEDDING]
+    known = [*modules, *fused, EMBEDDING]
     for field in ("targets", "ignore"):
         for j, pattern in enumerate(getattr(entry, field)):
             if not any(pattern_matches(pattern, m) for m in known):

@@ -41,6 +41,7 @@ from ingot.runtime.loader import EngineFiles
 from ..engines import ENGINE_BUILDERS
 from ..engines.base import EngineBuilder, EngineTarget, engine_name, reads_graph
 from ..export.check import GraphCheck
+from ..export.decoder import rope_length
 from ..export.errors import ExportError
 from ..quantize.ir_layers import IRLayers
 from .export import ExportOutput, rounding_as_exported
@@ -108,7 +109,9 @@ def run_engine(export_dir: Path, ir_dir: Path, target: EngineTarget, out: Path) 
     # One IR reference for both checks of an inexact engine (`GraphCheck`): exact first.
     ir = IRLayers(ir_dir)
     window = ir.cfg.sliding_window  # for an engine that applies it itself
-    check_ir = GraphCheck(ir if own_kv else rounding_as_exported(ir, export_dir))
+    source = ir if own_kv else rounding_as_exported(ir, export_dir)
+    # The reference rotates with the graph's one RoPE table (LongRoPE: rope.py).
+    check_ir = GraphCheck(source, rope_len=rope_length(graph))
     exact = _exact_check(builder, graph, check_ir, target, window)
     record = builder.build(graph, target, out)
     gc.collect()  # the build's copy of the weights goes before the engine's loads them

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from ingot.calibration.dataset import CalibrationSet
 
 from ..device import DeviceSettings
-from ..model.architecture import linear_names
+from ..model.architecture import fused_names, linear_names
 from ..model.load import CheckpointReader
 from ..quantize.driver import LayerCheckpoints, quantize_layers
 from ..quantize.layerwise import needs_calibration
@@ -134,6 +134,7 @@ def run_quantize(
         entries,
         linear_names(source.cfg),
         resolved.records() if resolved is not None else None,
+        fused_names(source.cfg),
         experts=experts,
     )
     if resolved is not None:

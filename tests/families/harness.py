@@ -8,7 +8,9 @@ makes itself from a config, so the oracle is transformers' own code:
 - `engine_and_reference`: the built engine's greedy tokens and transformers' greedy tokens on the
   quantized IR's dequantized weights (written as an HF checkpoint), prompt by prompt;
 - `gated_build`: a build whose evaluate.perplexity gate judges the engine on the model's own
-  text.
+  text;
+- `compressed_tensors_and_ir`: transformers' logits on the compressed-tensors export against
+  the IR's.
 """
 
 from __future__ import annotations
@@ -55,12 +57,18 @@ TINY: dict[str, Any] = dict(
     pad_token_id=None,
 )
 WINDOW = 16  # the sliding window a family's test gives its local layers
-GPTQ_W4 = [
-    {"method": "gptq", "bits": 4, "group_size": 32, "symmetric": True, "ignore": ["lm_head"]}
-]
-W8A8 = [
-    {"method": "smoothquant", "weights": "gptq", "activations": "dynamic", "ignore": ["lm_head"]}
-]
+_HEAD_FLOAT = {"ignore": ["lm_head"]}
+GPTQ_W4 = [{"method": "gptq", "bits": 4, "group_size": 32, "symmetric": True, **_HEAD_FLOAT}]
+W8A8 = [{"method": "smoothquant", "weights": "gptq", "activations": "dynamic", **_HEAD_FLOAT}]
+AWQ_W4 = [{"method": "awq", "bits": 4, "group_size": 32, "symmetric": False, **_HEAD_FLOAT}]
+FP8 = [{"method": "fp8", "weights": "channel", "activations": "dynamic", **_HEAD_FLOAT}]
+# The schemes every family's gated builds run: (quantize, other recipe fields).
+SCHEMES: dict[str, tuple[list[dict], dict[str, Any]]] = {
+    "gptq-w4": (GPTQ_W4, {}),
+    "w8a8-int8-kv": (W8A8, {"kv_cache": {"dtype": "int8", "block_size": 16}}),
+    "awq-w4": (AWQ_W4, {}),
+    "fp8": (FP8, {}),
+}
 # Four prompts, the last longer than WINDOW tokens with fixtures.write_tokenizer's tokenizer.
 PROMPTS = [
     "def add(a, b):",
@@ -112,7 +120,8 @@ def trained_checkpoint(
     write_tokenizer(path, TRAINED_VOCAB, corpus=text.split("\n\n"))
     data = torch.tensor(Tokenizer.from_file(str(path / "tokenizer.json")).encode(text).ids)
     torch.manual_seed(0)
-    fields = {**TINY, "vocab_size": TRAINED_VOCAB, **config}
+    # Three layers: an EAGLE-3 draft reads three distinct layers of its target.
+    fields = {**TINY, "vocab_size": TRAINED_VOCAB, "num_hidden_layers": 3, **config}
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     rng = random.Random(0)
@@ -237,3 +246,67 @@ def gated_build(ckpt: Path, work: Path, quantize: list[dict], **recipe: Any) -> 
     path = write_recipe(work / "recipe.yaml", ckpt, **fields)
     artifact = build(path, work / "artifact", cache=StageCache(work / "cache")).artifact
     return json.loads((artifact / "eval" / "report.json").read_text())["perplexity"]
+
+
+def compressed_tensors_and_ir(ckpt: Path, work: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(transformers' logits on the compressed-tensors export of `ckpt` quantized RTN int4 g32
+    (lm_head float), the IR's on the same weights with its float tensors rounded to fp16 as
+    the export holds them), on two random sequences of 40 tokens."""
+    from ingot.pipeline.interop import write_interop
+    from ingot.pipeline.quantize.checkpoint import load_ir, save_ir
+    from ingot.pipeline.recipe.quantize import quantize_entry
+
+    model = load_model(ckpt)
+    entry = {"method": "rtn", "bits": 4, "group_size": 32, "symmetric": True}
+    quantize_model(model, [quantize_entry({**entry, "ignore": ["lm_head"]})])
+    ir = work / "ir"
+    ir.mkdir(parents=True)
+    save_ir(model, ir)
+    write_interop("compressed-tensors", ir, ckpt, work / "ct")
+    hf = AutoModelForCausalLM.from_pretrained(work / "ct", dtype=torch.float32).eval()
+    model = load_ir(ir)
+    ids = torch.randint(
+        0, model.cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())
+        return hf(ids).logits, model(ids)[0]
+
+
+# The speculative sections `speculative_and_plain` builds: an EAGLE-3 layer and Medusa heads
+# trained briefly in the build, a draft model (a second trained checkpoint of the family).
+EAGLE = {
+    "method": "eagle",
+    "num_speculative_tokens": 3,
+    "heads": {"train": {"steps": 20, "batch_size": 8, "span": 64, "ttt_steps": 2, "seed": 0}},
+}
+MEDUSA = {
+    "method": "medusa",
+    "num_speculative_tokens": 3,
+    "heads": {"train": {"num_heads": 3, "steps": 60, "batch_size": 16, "seed": 0}},
+}
+
+
+def speculative_and_plain(
+    ckpt: Path, work: Path, speculative: dict[str, Any], max_tokens: int = 32
+) -> tuple[list[list[int]], list[list[int]], Any]:
+    """Build `ckpt` (RTN int4 g32, an exact onnxruntime target) with `speculative`, then
+    generate PROMPTS greedily with and without it: (speculative tokens, plain tokens, the
+    speculation's stats)."""
+    text = str(DEMO_TEXT)
+    fields = {
+        "targets": [EXACT_TARGETS["onnxruntime"]],
+        "calibration": {"dataset": text, "samples": 16, "seq_len": 128, "seed": 0},
+        "export": {"max_seq_len": 256},
+        "speculative": speculative,
+    }
+    work.mkdir(parents=True, exist_ok=True)
+    path = write_recipe(work / "recipe.yaml", ckpt, **fields)
+    artifact = build(path, work / "artifact", cache=StageCache(work / "cache")).artifact
+    greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    plain = LoadedModel.load(artifact, speculative_config=False).generator()
+    drafting = LoadedModel.load(artifact).generator()
+    want = [list(c.token_ids) for c in plain.generate(PROMPTS, greedy)]
+    got = [list(c.token_ids) for c in drafting.generate(PROMPTS, greedy)]
+    return got, want, drafting.speculation.stats

@@ -21,7 +21,9 @@ from ingot.pipeline.model.architecture import linear_names, parameter_count
 from ingot.pipeline.model.config import ConfigError, ModelConfig
 from ingot.pipeline.model.layers import SparseMoE
 from ingot.pipeline.model.load import load_model
+from ingot.pipeline.quantize.summary import summaries
 from ingot.pipeline.recipe import load_recipe
+from ingot.pipeline.recipe.quantize import quantize_entry
 
 from fixtures import write_recipe
 from harness import TINY, WINDOW, assert_ir_matches_transformers, tiny_checkpoint
@@ -90,3 +92,22 @@ def test_gguf_of_a_binding_window_is_refused_before_any_work(mixtral, tmp_path):
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", mixtral, interop=["gguf"]))
     [problem] = interop_problems(recipe, ModelConfig.from_dir(mixtral))
     assert "llama.cpp runs this model without sliding-window attention" in problem
+
+
+def test_a_searched_entry_lists_its_calibrated_experts(mixtral):
+    """quantize.json of `method: auto`: the experts its resolved (calibrated) entries
+    quantized are listed under it, as under any entry."""
+    auto = {
+        "method": "auto",
+        "budget_bits": 6.0,
+        "candidates": [
+            {"method": "rtn", "bits": 4, "group_size": 32, "symmetric": True},
+            {"method": "gptq", "bits": 8, "group_size": -1, "symmetric": True},
+        ],
+    }
+    record = {"routed_tokens": 7, "statistics": "all_tokens"}
+    experts = {"layers.1.mlp.experts.2": record}
+    searched = {0: {"resolved": [{"modules": 3}]}}
+    names = linear_names(ModelConfig.from_dir(mixtral))
+    [summary] = summaries([quantize_entry(auto)], names, searched, experts=experts)
+    assert summary["experts"] == experts and summary["modules"] == 3

@@ -24,7 +24,7 @@ from ingot.pipeline.interop import interop_problems
 from ingot.pipeline.model.config import ModelConfig
 from ingot.pipeline.model.layers import MLP, SparseMoE
 from ingot.pipeline.model.load import load_model
-from ingot.pipeline.plan import plan_build
+from ingot.pipeline.plan import _Shapes, plan_build
 from ingot.pipeline.recipe import load_recipe
 
 from fixtures import write_recipe
@@ -115,6 +115,10 @@ def test_plan_counts_total_and_active_parameters(qwen3_moe, tmp_path):
         "sparse_layers": 2,
         "widest_layer_params": widest,
     }
+    # The calibrated walk's inputs: q,k,v and o over every token, each expert's gate,up and
+    # down over the half (top-2 of 4) routed to it (GPTQ's Hessians, one per group).
+    expert_inputs = [(64, 50.0), (96, 50.0)] * 4
+    assert _Shapes(ModelConfig.from_hf(hf)).inputs(100) == ((64, 100), (128, 100), *expert_inputs)
     result = CliRunner().invoke(main, ["plan", "--recipe", str(recipe)])
     assert result.exit_code == 0, result.output
     assert "M active: 2 of 4 experts per token" in result.output.splitlines()[0]

@@ -13,9 +13,9 @@ from ingot.pipeline.model.architecture import (
     LAYER_LINEARS,
     layer_linear,
     linear_names,
-    parameter_count,
     linear_shape,
     lm_head_source,
+    parameter_count,
     scaling_groups,
 )
 from ingot.pipeline.model.family import MODEL_FAMILIES
@@ -31,6 +31,7 @@ VARIANTS = {
     "llama-tied": {"tie_word_embeddings": True},
     "qwen2": {"model_type": "qwen2"},
     "mistral": {"model_type": "mistral", "sliding_window": 16},
+    "phi3": {"model_type": "phi3", "partial_rotary_factor": 0.75},
     "qwen3": {"model_type": "qwen3", "head_dim": 24, "attention_bias": True},
     "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
     "qwen3_moe": {

@@ -423,6 +423,8 @@ VARIANTS = {
         },
     ),
     "qwen2": ("qwen2", {}),  # NEOX RoPE in llama.cpp: no permutation; q/k/v biases
+    # per-head q/k norms (attn_q_norm / attn_k_norm), head_dim apart from hidden / heads
+    "qwen3": ("qwen3", {"head_dim": 32, "tie_word_embeddings": True}),
     "llama-q8_0": ("llama", {}, {"bits": 8}),
     "llama-q4_1": ("llama", {}, {"symmetric": False}),  # asymmetric int4
     # groups of 128: four blocks sharing a scale; a quantized lm_head is `output`

@@ -136,16 +136,16 @@ def test_only_one_layer_is_alive_at_a_time(tmp_path, checkpoint, calibration, mo
 
 
 def test_the_last_layers_outputs_are_not_computed(tmp_path, checkpoint, calibration, monkeypatch):
-    # Nothing reads the last layer's outputs: quantize_layer is told not to compute them, and
-    # every store the driver opened is closed.
-    kept, quantize_layer = [], driver.quantize_layer
+    # Nothing reads the last layer's outputs: quantize_decoder_layer is told not to compute
+    # them, and every store the driver opened is closed.
+    kept, quantize_layer = [], driver.quantize_decoder_layer
     stores = OpenStores(monkeypatch)
 
-    def tracked_quantize(*args, outputs):
+    def tracked_quantize(*args, outputs, experts):
         kept.append(outputs)
-        return quantize_layer(*args, outputs=outputs)
+        return quantize_layer(*args, outputs=outputs, experts=experts)
 
-    monkeypatch.setattr(driver, "quantize_layer", tracked_quantize)
+    monkeypatch.setattr(driver, "quantize_decoder_layer", tracked_quantize)
     out = tmp_path / "out"
     out.mkdir()
     driver.quantize_layers(CheckpointReader(checkpoint), SPECS, out, tmp_path / "w", calibration)

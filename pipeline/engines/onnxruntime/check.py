@@ -9,6 +9,7 @@ from typing import Any
 import onnxruntime as ort
 
 from ...export.check import Accuracy, check_graph
+from ...export.decoder import rope_length
 from ...export.errors import ExportError
 from ...model.layer_source import LayerSource, ModelLayers
 from ...model.llama import LlamaModel
@@ -45,6 +46,7 @@ def check_export(
             seed=seed,
             rtol=rtol,
             accuracy=accuracy,
+            rope_len=rope_length(onnx_path),
         )
     except ExportError as e:
         raise ExportError(f"{onnx_path}: {e}") from None

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import Field
 
-from ...model.architecture import linear_names
+from ...model.architecture import fused_names, linear_names
 from ...model.selection import selected
 from ..choice import choose_units
 from ..fields import Ignore, Targets
@@ -168,7 +168,7 @@ class Auto(QuantMethod):
 
 
 def _units(entry: AutoQuantize, cfg: ModelConfig) -> list[Unit]:
-    return units_of(selected(entry, linear_names(cfg)), cfg)
+    return units_of(selected(entry, linear_names(cfg), fused_names(cfg)), cfg)
 
 
 PLUGIN = Auto()

@@ -114,8 +114,7 @@ class Gptq(IntegerMethod):
         # the forward's own intermediate): 1B shape, 32 x 512 tokens, 1.0 GiB of its 3.4 GiB.
         widest = max(k for _, k in work.linears)
         # Hessians (2 n K^2 per input), Cholesky + inverse (~K^3), the column updates (2 N K^2).
-        inputs = {k for _, k in work.linears}
-        solve = sum(2 * work.tokens * k * k + k**3 for k in inputs)
+        solve = sum(2 * tokens * k * k + k**3 for k, tokens in work.observed())
         solve += sum(2 * n * k * k for n, k in work.linears)
         return {self.name: LayerCost(held_bytes=2 * work.tokens * widest * 4, flops=solve)}
 

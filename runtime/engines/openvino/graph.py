@@ -53,6 +53,9 @@ class ModelShape:
     # A model mixing local and global layers: the local ones, which read blocks of their own
     # pool through a table of their own (block_indices_local / block_indices_begins_local).
     local_layers: tuple[int, ...] = ()
+    # The leading channels of each head RoPE rotates (the graph's cos table holds half as
+    # many columns; 0: head_dim), the rest pass through: partial rotary (Phi-4-mini).
+    rotary_dim: int = 0
 
     @classmethod
     def of(
@@ -83,6 +86,7 @@ class ModelShape:
             ),
             aux_layers=tuple(w.entering_layers("aux_hidden")) if aux else (),
             local_layers=local_layers,
+            rotary_dim=2 * w.shape("rope.cos_cache")[1],
         )
 
 
@@ -120,14 +124,22 @@ def _head_norm(w: GraphWeights, x: ov.Output, name: str, heads: int, d: int) -> 
     return ops.reshape(x, _ints([0, heads * d]), True).output(0)
 
 
-def _rope(x: ov.Output, heads: int, d: int, cos: ov.Output, sin: ov.Output) -> ov.Output:
-    """Rotate-half RoPE (ONNX RotaryEmbedding, interleaved 0): x [T, H*D], cos / sin
-    [T, 1, D/2] -> [T, H*D]."""
+def _rope(
+    x: ov.Output, heads: int, d: int, cos: ov.Output, sin: ov.Output, rotary: int = 0
+) -> ov.Output:
+    """Rotate-half RoPE (ONNX RotaryEmbedding, interleaved 0) on the first `rotary` channels
+    of each head (0: all D; the rest pass through): x [T, H*D], cos / sin [T, 1, R/2] ->
+    [T, H*D]."""
     x = ops.reshape(x, _ints([0, heads, d]), True)  # [T, H, D]
-    x1, x2 = ops.split(x, ops.constant(np.int64(-1)), 2).outputs()  # [T, H, D/2] each
+    passed = []
+    if 0 < rotary < d:
+        x, rest = ops.variadic_split(x, ops.constant(np.int64(-1)), _ints([rotary, -1])).outputs()
+        passed = [rest]  # [T, H, D - R]
+    x1, x2 = ops.split(x, ops.constant(np.int64(-1)), 2).outputs()  # [T, H, R/2] each
     first = ops.subtract(ops.multiply(x1, cos), ops.multiply(x2, sin))
     second = ops.add(ops.multiply(x2, cos), ops.multiply(x1, sin))
-    return ops.reshape(ops.concat([first, second], -1), _ints([0, heads * d]), True).output(0)
+    joined = ops.concat([first, second, *passed], -1)
+    return ops.reshape(joined, _ints([0, heads * d]), True).output(0)
 
 
 def _layer(
@@ -151,7 +163,7 @@ def _layer(
         q, k, v = (w.linear(h, f"{attn}.{p}_proj") for p in "qkv")
     if w.has(f"{attn}.q_norm.weight"):  # per-head q/k norms before RoPE (Qwen3)
         q, k = _head_norm(w, q, f"{attn}.q_norm", hq, d), _head_norm(w, k, f"{attn}.k_norm", hkv, d)
-    q, k = _rope(q, hq, d, *rope), _rope(k, hkv, d, *rope)
+    q, k = _rope(q, hq, d, *rope, s.rotary_dim), _rope(k, hkv, d, *rope, s.rotary_dim)
     ctx = paged_attention((q, k, v), caches, paged, (hkv, d), s.windows[i])  # [T, Hq*D]
     x = ops.add(x, w.linear(ctx, f"{attn}.o_proj")).output(0)
     h = _rms_norm(x, w.constant(f"{name}.mlp_norm.weight"), s.rms_eps)
@@ -195,7 +207,7 @@ def build_model(w: GraphWeights, s: ModelShape, hidden: bool = False) -> ov.Mode
     ]
     axis0 = ops.constant(np.int64(0))
     x = w.embedding(ids)  # [T, hidden]
-    half = _ints([0, 1, s.head_dim // 2])  # [T, 1, D/2]: 0 keeps T (special_zero)
+    half = _ints([0, 1, (s.rotary_dim or s.head_dim) // 2])  # [T, 1, R/2]: 0 keeps T
     cos = ops.reshape(ops.gather(w.constant("rope.cos_cache"), positions, axis0), half, True)
     sin = ops.reshape(ops.gather(w.constant("rope.sin_cache"), positions, axis0), half, True)
     entering = []
