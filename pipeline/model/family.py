@@ -111,11 +111,6 @@ class LayerSpec:
                 return linear
         raise KeyError(local)
 
-    @property
-    def has_experts(self) -> bool:
-        """The layer holds one copy of some linears per expert (a sparse MoE layer)."""
-        return any(EXPERT in linear.name for linear in self.linears)
-
     def expand(self, num_experts: int) -> LayerSpec:
         """The layer with its per-expert entries ({e}) written out once per expert, in model
         order: a run of consecutive per-expert entries (an expert's linears, its groups) is
