@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .chat_template import chat_template_of
+from .engines import ENGINE_BUILDERS
 from .export import decoder
 from .interop.checks import interop_problems
 from .interop.gguf_vocab import gguf_vocabulary_problems
@@ -50,6 +51,13 @@ def check_recipe_against_model(
     problems = family_problems(cfg.family, "source")
     problems += mixed_window_problems(cfg, "source", recipe)
     problems += model_problems(recipe, cfg) + interop_problems(recipe, cfg)
+    problems += [  # what each target's engine cannot run of the model (its builder says)
+        problem
+        for index, target in enumerate(recipe.targets)
+        for problem in ENGINE_BUILDERS.get(target.engine).model_problems(
+            target, cfg, f"targets.{index}"
+        )
+    ]
     _raise(problems, recipe_file)
 
 

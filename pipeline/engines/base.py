@@ -7,7 +7,8 @@ name in `ENGINE_BUILDERS` (engines/__init__.py); the package defines `PLUGIN`, a
 - the recipe: `targets` entries are validated by the registered builders' `target_model`s
   (recipe/targets.py assembles the discriminated union on ``engine``), and the rest of the
   recipe against each target by its builder's `recipe_problems` (what the engine cannot run:
-  refused when the recipe loads, before any stage);
+  refused when the recipe loads, before any stage); the source model against each target by
+  its `model_problems` (the preflight, pipeline/preflight.py);
 - the engine stage (stages/engine.py): `build` writes the engine files from the exported
   graph and returns the record (``engine.json``, the manifest's engine entry), `open` runs the
   built engine as the runtime will, and the stage checks it against the IR (export/check.py,
@@ -154,6 +155,12 @@ class EngineBuilder(Protocol):
         """One line per part of ``recipe`` (the whole `Recipe`, which this package must not
         import) that ``target`` cannot run, each naming the recipe field and why; none when
         it can. Checked when the recipe loads (`ingot build`, `ingot plan`)."""
+        ...
+
+    def model_problems(self, target: Any, cfg: Any, where: str) -> list[str]:
+        """One line per part of the source model (its `ModelConfig` ``cfg``) that ``target``
+        (at recipe path ``where``) cannot run, each naming the config field and why; none
+        when it can. Checked before any stage (pipeline/preflight.py)."""
         ...
 
     def accuracy(self, target: Any) -> Accuracy:

@@ -45,7 +45,9 @@ per sequence, not for every position of the call.
 
 The layer is the IR's (`model/layers.py`): its linears (and their biases) are the modules'
 own; the norm and the MLP's activation are the model family's, emitted from `NORMS` and
-`ACTIVATIONS`, this graph's counterparts of the IR's tables of the same names.
+`ACTIVATIONS`, this graph's counterparts of the IR's tables of the same names; its
+feed-forward block is the dense MLP or the sparse mixture of experts (export/moe.py), by
+`FEED_FORWARDS`.
 """
 
 from __future__ import annotations
@@ -67,16 +69,19 @@ from ..model.config import ModelConfig, RopeConfig
 from ..model.kv_quant import KVQuantLayers, KVScales
 from ..model.kv_rounding import KVQuant
 from ..model.layer_source import LayerSource, ModelLayers
+from ..model.layers import MLP, SparseMoE
 from ..model.llama import LlamaModel
 from .embedding import emit_embedding
 from .errors import ExportError
 from .graph import GraphBuilder
+from .moe import sparse_moe
 from .weights import emit_linear, emit_linears
 
 __all__ = [
     "DATA_FILE",
     "MODEL_FILE",
     "ACTIVATIONS",
+    "FEED_FORWARDS",
     "NORMS",
     "OPSET",
     "QUERY_SCALE",
@@ -386,7 +391,7 @@ def _layer(g, cfg, layer, i, x, positions, pool, tables, mask, c: SharedTensors,
         attn = norm(g, cfg, attn, layer.attn_post_norm, f"{name}.attn_post_norm")
     x = g.op("Add", [x, attn], f"{name}/attn_residual")
     h = norm(g, cfg, x, layer.mlp_norm, f"{name}.mlp_norm")
-    h = mlp(g, layer.mlp, f"{name}.mlp", h)
+    h = FEED_FORWARDS[type(layer.mlp)](g, layer.mlp, f"{name}.mlp", h)  # [S, Q, hidden]
     if layer.mlp_post_norm is not None:
         h = norm(g, cfg, h, layer.mlp_post_norm, f"{name}.mlp_post_norm")
     return g.op("Add", [x, h], f"{name}/mlp_residual")
@@ -496,6 +501,14 @@ def mlp(g: GraphBuilder, module: torch.nn.Module, m: str, h: str) -> str:
     )  # [S, Q, ffn] each
     act = g.op("Mul", [ACTIVATIONS[module.activation](g, gate, m), up], f"{m}/gated")
     return emit_linear(g, act, module.down_proj, f"{m}.down_proj")
+
+
+# A layer's feed-forward block by its IR module: the dense MLP, or the sparse mixture of
+# experts (export/moe.py) whose experts are MLPs.
+FEED_FORWARDS: dict[type, Callable[[GraphBuilder, torch.nn.Module, str, str], str]] = {
+    MLP: mlp,
+    SparseMoE: lambda g, module, m, h: sparse_moe(g, module, m, h, expert=mlp),
+}
 
 
 def _silu(g: GraphBuilder, x: str, m: str) -> str:

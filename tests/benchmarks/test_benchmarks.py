@@ -22,6 +22,7 @@ BENCHMARKS = {
     "benchmarks.decode.ab_revisions": (["ab_revisions"], None, "_markdown"),
     "benchmarks.decode.whole_call": (["whole_call"], None, "_markdown"),
     "benchmarks.decode.resident": (["resident"], None, "markdown"),
+    "benchmarks.decode.moe_decode": (["moe_decode"], None, "_markdown"),
     "benchmarks.serve.serve": (["serve"], "benchmarks.serve.report", "markdown"),
     "benchmarks.serve.serve_overhead": (["serve_overhead"], None, "_markdown"),
     "benchmarks.serve.serve_stall": (["serve_stall"], None, "_markdown"),

@@ -36,6 +36,9 @@ class ToyBuilder:
     def recipe_problems(self, target: ToyTarget, recipe: Any) -> list[str]:
         return []  # it runs whatever exports
 
+    def model_problems(self, target: ToyTarget, cfg: Any, where: str) -> list[str]:
+        return []
+
     def accuracy(self, target: ToyTarget) -> Literal["exact"]:
         return "exact"  # the graph's own numbers, fp32 activations
 

@@ -102,11 +102,18 @@ def build_onnxruntime_engine(
 
     folded = fold_fp8_weights(Path(onnx_path), folded_dir)
     source = folded_dir / MODEL_FILE if folded else Path(onnx_path)
+    # Mixture-of-experts blocks become ORT's fused QMoE where their experts fit (qmoe.py).
+    fused_dir = out_dir / ".qmoe-fused"  # a dot-name, as above
+    from .qmoe import fuse_experts  # onnx: build-only, as above
+
+    fused = fuse_experts(source, fused_dir, matmul_accuracy_level)
+    source = fused_dir / MODEL_FILE if fused else source
     try:
         session = ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
         del session  # written; its weights go now
     finally:
         shutil.rmtree(folded_dir, ignore_errors=True)
+        shutil.rmtree(fused_dir, ignore_errors=True)
     if not (out_dir / MODEL_FILE).is_file():
         raise RuntimeError(f"onnxruntime did not write the optimized model to {out_dir}")
     # A tied int8 table: the lookup reads lm_head's MatMulNBits weights, the table once.
@@ -114,7 +121,10 @@ def build_onnxruntime_engine(
 
     share_tied_embedding(out_dir / MODEL_FILE)
 
-    return _record(optimization_level, intra_op_num_threads, matmul_accuracy_level, folded)
+    record = _record(optimization_level, intra_op_num_threads, matmul_accuracy_level, folded)
+    if fused:  # the experts' initializers are QMoE's, no longer the exported ones
+        record["build"].update({GRAPH_INITIALIZERS: False, "qmoe_blocks": fused})
+    return record
 
 
 def _optimizing_options(

@@ -3,6 +3,7 @@ estimate and report label."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,18 @@ ESTIMATES = {
 _INTEGER_MATMULS = {"MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul"}
 
 
+def _session_with_qmoe(graph: Path, options: ort.SessionOptions) -> ort.InferenceSession:
+    """A session over ``graph`` with its mixture-of-experts blocks fused into QMoE at accuracy
+    level 0, as `build` fuses them (qmoe.py): the exact variant of the built engine."""
+    from .qmoe import fuse_experts  # imports onnx: build-only, as in `describe`
+
+    with tempfile.TemporaryDirectory() as fused_dir:
+        fused = fuse_experts(graph, Path(fused_dir), accuracy_level=0)
+        source = Path(fused_dir) / "model.onnx" if fused else graph
+        # The session holds its weights once created: the folder can go.
+        return ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+
+
 class OnnxRuntimeBuilder:
     """`EngineBuilder` for ``targets[].engine: onnxruntime`` (see build.py for the engine)."""
 
@@ -42,6 +55,9 @@ class OnnxRuntimeBuilder:
 
     def recipe_problems(self, target: OnnxRuntimeTarget, recipe: Any) -> list[str]:
         return []  # the exported graph is ONNX Runtime's: it runs whatever exports
+
+    def model_problems(self, target: OnnxRuntimeTarget, cfg: Any, where: str) -> list[str]:
+        return []  # as above; mixtures of experts run as QMoE or the standard block (qmoe.py)
 
     def accuracy(self, target: OnnxRuntimeTarget) -> Accuracy:
         """Int8 activations at MatMulNBits accuracy level 4, else exact (fp32)."""
@@ -61,7 +77,7 @@ class OnnxRuntimeBuilder:
         options.graph_optimization_level = ort_optimization_level(target.optimization_level)
         options.intra_op_num_threads = target.intra_op_num_threads
         options.log_severity_level = 3  # level "all" warns that its graph is host specific
-        session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        session = _session_with_qmoe(graph, options)
         level = target.matmul_accuracy_level
         what = (
             f"the graph at MatMulNBits accuracy level 0, before the level-{level} engine is built"
@@ -113,10 +129,11 @@ class OnnxRuntimeBuilder:
         engine_file = engine_dir / Path(record["path"]).name
         graph = onnx.load(str(engine_file), load_external_data=False).graph
         ops = {node.op_type for node in graph.node}
+        experts = ", experts in QMoE" if "QMoE" in ops else ""  # qmoe.py
         if "MatMulNBits" in ops:
             level = record["build"]["matmul_accuracy_level"]
             activations = "int8" if level == 4 else "fp32"
-            return f"MatMulNBits accuracy level {level}, {activations} activations"
+            return f"MatMulNBits accuracy level {level}, {activations} activations{experts}"
         if ops & _INTEGER_MATMULS:
             return "no MatMulNBits: integer MatMul, int8 weights and activations"
         if record["build"].get("fp8_weights_dequantized"):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base import Accuracy, EngineEstimate, EngineSizing, ExactRun, engine_name
-from .checks import recipe_problems
+from .checks import model_problems, recipe_problems
 from .graph import OpenVinoGraph, graph_interface
 from .record import openvino_record, session_options
 from .target import OpenVinoTarget
@@ -39,6 +39,9 @@ class OpenVinoBuilder:
     def recipe_problems(self, target: OpenVinoTarget, recipe: Any) -> list[str]:
         where = f"targets.{list(recipe.targets).index(target)}"
         return recipe_problems(recipe, target, where)
+
+    def model_problems(self, target: OpenVinoTarget, cfg: Any, where: str) -> list[str]:
+        return model_problems(cfg, where)
 
     def accuracy(self, target: OpenVinoTarget) -> Accuracy:
         """bf16 activations or int8 dynamic quantization: loose; f32 without: exact."""

@@ -15,6 +15,9 @@
   scales) compute with the graph's QuantizeLinear / integer MatMul, which that model does not
   reproduce, and FP8 weights have no form there: the runtime half refuses both
   (runtime/engines/openvino), so the recipe does first.
+- The model: a mixture of experts has no OpenVINO form here (the rebuilt model has dense MLPs
+  only; the exported graph's standard MoE block, export/moe.py, is not what it reads), so a
+  model with sparse layers is refused before any stage.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 from ...quantize.method import Scheme, method_of
 
-__all__ = ["CPU_BLOCK_SIZE", "recipe_problems"]
+__all__ = ["CPU_BLOCK_SIZE", "model_problems", "recipe_problems"]
 
 CPU_BLOCK_SIZE = 32  # the CPU plugin's only KV block size
 _NO_KV = {"fp8": "OpenVINO's CPU plugin has no fp8 KV cache (use int8: its own u8 form)"}
@@ -70,3 +73,14 @@ def _entry_problems(at: str, entry: Any, where: str) -> list[str]:
     if scheme in _NO_SCHEME:
         return [f"{at}.method: {entry.method} cannot run on {where}: {_NO_SCHEME[scheme]}"]
     return []
+
+
+def model_problems(cfg: Any, where: str) -> list[str]:
+    """One line per part of the model (`ModelConfig` ``cfg``) the OpenVINO target at recipe
+    path ``where`` cannot run."""
+    if not cfg.moe_layers:
+        return []
+    return [
+        f"{where}: engine openvino does not run a mixture of experts (config.json: "
+        f"{cfg.num_experts} experts in layers {list(cfg.moe_layers)}); use engine onnxruntime"
+    ]

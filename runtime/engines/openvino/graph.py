@@ -173,6 +173,11 @@ def _layer(
     x = ops.add(x, _post_norm(w, f"{name}.attn_post_norm", w.linear(ctx, f"{attn}.o_proj"), s))
     h = _rms_norm(x.output(0), w.constant(f"{name}.mlp_norm.weight"), s.rms_eps)
     mlp = f"{name}.mlp"
+    if _has_linear(w, f"{mlp}.router"):  # the preflight refuses it first (engines/openvino)
+        raise SessionError(
+            f"{mlp}: a mixture of experts, which the OpenVINO engine does not run (use the "
+            "onnxruntime engine)"
+        )
     if _has_linear(w, f"{mlp}.gate_up_proj"):
         gate_up = w.linear(h, f"{mlp}.gate_up_proj")  # [T, 2 * ffn]
         gate, up = ops.split(gate_up, ops.constant(np.int64(-1)), 2).outputs()
