@@ -236,7 +236,9 @@ def _window(
     when local and global layers mix, as transformers decides which slide (`WindowRule`),
     else None)."""
     rule = family.window
-    if rule.key is None or (rule.switch is not None and not hf.get(rule.switch, True)):
+    if rule.key is None or (
+        rule.switch is not None and not hf.get(rule.switch, rule.switch_default)
+    ):
         return None, None
     window = hf.get(rule.key)
     if window is None:

@@ -237,6 +237,9 @@ class WindowRule:
     # `first_sliding` decides.
     period: str | None = None
     period_default: int = 0
+    # The `switch` when config.json lacks it: on (Mistral's configs have no such key), or off
+    # as transformers' Qwen configs default use_sliding_window to false.
+    switch_default: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,10 @@ def test_window_rules() -> None:
     assert _cfg("mistral", sliding_window=16).sliding_window == 16
     assert _cfg("mistral").sliding_window is None
     assert _cfg("qwen2", sliding_window=16, use_sliding_window=False).sliding_window is None
+    # Qwen configs without use_sliding_window: off, as transformers' defaults.
+    assert _cfg("qwen2", sliding_window=16, max_window_layers=0).sliding_window is None
+    moe = {"num_experts": 4, "num_experts_per_tok": 2}
+    assert _cfg("qwen3_moe", sliding_window=16, **moe).sliding_window is None
     # As transformers' Qwen2Config: layers from max_window_layers (default 28) on slide.
     on = {"sliding_window": 16, "use_sliding_window": True}
     assert _cfg("qwen2", **on).sliding_window is None  # 2 layers, none from layer 28 on

@@ -20,7 +20,10 @@ PLUGIN = replace(
     biases=Biases(qkv=True, o=False),
     # transformers' Qwen2Config: max_window_layers defaults to 28.
     window=WindowRule(
-        layer_types="layer_types", first_sliding="max_window_layers", first_sliding_default=28
+        layer_types="layer_types",
+        first_sliding="max_window_layers",
+        first_sliding_default=28,
+        switch_default=False,
     ),
     gguf=Gguf("qwen2", permute_rotated=False),
 )

@@ -27,7 +27,7 @@ PLUGIN = replace(
         (("model.layers.{i}.mlp.gate.", "layers.{i}.mlp.router."), *QWEN3.tensor_names.prefixes)
     ),
     # transformers' Qwen3MoeAttention slides every layer when use_sliding_window.
-    window=WindowRule(),
+    window=WindowRule(switch_default=False),
     sparse_layer=replace(SPARSE_LAYER, head_norms=QWEN3.layer.head_norms),
     # transformers' Qwen3MoeConfig: 128 experts, 8 per token, 768 wide, not renormalised.
     moe=MoeRule(
