@@ -28,19 +28,12 @@ from ingot.pipeline.recipe.quantize import quantize_entry
 
 from fixtures import write_recipe
 from harness import (
-    EAGLE,
-    MAX_DELTA,
-    MEDUSA,
-    SCHEMES,
     TINY,
     WINDOW,
     assert_ir_matches_transformers,
     compressed_tensors_and_ir,
     engine_and_reference,
-    gated_build,
-    speculative_and_plain,
     tiny_checkpoint,
-    trained_checkpoint,
 )
 
 # Every feature on: layers 0, 2 slide (sliding_window_pattern 2), 1, 3 are global; the local
@@ -226,44 +219,6 @@ def test_openvino_computes_onnxruntimes_logprobs(engines):
     for ours, theirs in zip(run("openvino"), run("onnxruntime"), strict=True):
         assert ours.token_ids == theirs.token_ids
         np.testing.assert_allclose(ours.logprobs, theirs.logprobs, atol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    return trained_checkpoint(tmp_path_factory.mktemp("gemma3-trained"), "gemma3_text", **FEATURES)
-
-
-@pytest.mark.parametrize("scheme", sorted(SCHEMES))
-def test_quantized_builds_pass_the_gate(trained, tmp_path, scheme):
-    quantize, fields = SCHEMES[scheme]
-    report = gated_build(trained, tmp_path, quantize, **fields)
-    assert report["original"] < 100  # trained: far below the 512-token vocabulary's uniform
-    assert report["engine_delta"] < MAX_DELTA
-
-
-@pytest.fixture(scope="module")
-def draft(tmp_path_factory) -> Path:
-    """A smaller Gemma 3 on the same tokenizer, one global layer (sliding_window_pattern 1): a
-    draft mixing local and global layers is refused (one block table)."""
-    path = tmp_path_factory.mktemp("gemma3-draft")
-    one_global = {**FEATURES, "num_hidden_layers": 1, "sliding_window_pattern": 1}
-    return trained_checkpoint(path, "gemma3_text", steps=150, **one_global)
-
-
-@pytest.mark.parametrize("method", ["eagle", "medusa", "draft_model"])
-def test_speculative_decoding_equals_plain(trained, draft, tmp_path, method):
-    spec = {
-        "eagle": EAGLE,
-        "medusa": MEDUSA,
-        "draft_model": {
-            "method": "draft_model",
-            "num_speculative_tokens": 3,
-            "draft": {"source": {"path": str(draft)}},
-        },
-    }[method]
-    got, want, stats = speculative_and_plain(trained, tmp_path, spec)
-    assert got == want
-    assert stats.num_draft_tokens > stats.num_accepted_tokens > 0
 
 
 # -- interop ------------------------------------------------------------------------------------

@@ -27,16 +27,10 @@ from ingot.pipeline.recipe.quantize import quantize_entry
 
 from fixtures import write_recipe
 from harness import (
-    MAX_DELTA,
-    MEDUSA,
-    SCHEMES,
     TINY,
     WINDOW,
     assert_ir_matches_transformers,
-    gated_build,
-    speculative_and_plain,
     tiny_checkpoint,
-    trained_checkpoint,
 )
 
 MIXTRAL = dict(
@@ -122,23 +116,3 @@ def test_a_searched_entry_lists_its_calibrated_experts(mixtral):
     names = linear_names(ModelConfig.from_dir(mixtral))
     [summary] = summaries([quantize_entry(auto)], names, searched, experts=experts)
     assert summary["experts"] == experts and summary["modules"] == 3
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """Mixtral's experts (top-2 of 4) trained on the demo's text (no window: trained alike)."""
-    experts = {k: v for k, v in MIXTRAL.items() if k != "sliding_window"}
-    return trained_checkpoint(tmp_path_factory.mktemp("mixtral-trained"), "mixtral", **experts)
-
-
-@pytest.mark.parametrize("scheme", ["gptq-w4", "w8a8-int8-kv"])
-def test_quantized_builds_pass_the_gate(trained, tmp_path, scheme):
-    quantize, fields = SCHEMES[scheme]
-    report = gated_build(trained, tmp_path, quantize, **fields)
-    assert report["engine_delta"] < MAX_DELTA
-
-
-def test_medusa_decoding_equals_plain(trained, tmp_path):
-    got, want, stats = speculative_and_plain(trained, tmp_path, MEDUSA)
-    assert got == want
-    assert stats.num_draft_tokens >= stats.num_accepted_tokens > 0

@@ -26,19 +26,12 @@ from ingot.pipeline.recipe.quantize import quantize_entry
 
 from fixtures import write_recipe
 from harness import (
-    EAGLE,
-    MAX_DELTA,
-    MEDUSA,
-    SCHEMES,
     WINDOW,
     _greedy,  # transformers' greedy tokens, a full forward per token
     assert_ir_matches_transformers,
     compressed_tensors_and_ir,
     engine_and_reference,
-    gated_build,
-    speculative_and_plain,
     tiny_checkpoint,
-    trained_checkpoint,
 )
 
 ORIGINAL = 128  # original_max_position_embeddings: longer sequences take the long factors
@@ -206,44 +199,3 @@ def test_gguf_runs_in_llama_cpp_as_phi3(tmp_path):
     # the partial rotary or with the long factors it is 2-5.
     assert float(np.abs(got - want).max() / want.std()) < 0.5
     assert float((got.argmax(-1) == want.argmax(-1)).mean()) >= 0.85
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    # Three layers (EAGLE-3 reads three); within the original context (the gate's windows,
-    # max_seq_len 256): the short factors, as the model trained with.
-    return trained_checkpoint(tmp_path_factory.mktemp("phi3-trained"), "phi3", **TRAINED)
-
-
-@pytest.mark.parametrize("scheme", sorted(SCHEMES))
-def test_quantized_builds_pass_the_gate(trained, tmp_path, scheme):
-    quantize, fields = SCHEMES[scheme]
-    report = gated_build(trained, tmp_path, quantize, **fields)
-    assert report["original"] < 100  # trained: far below the 512-token vocabulary's uniform
-    assert report["engine_delta"] < MAX_DELTA
-
-
-@pytest.fixture(scope="module")
-def draft(tmp_path_factory):
-    """A smaller Phi-3 on the same tokenizer: one layer, trained alike."""
-    path = tmp_path_factory.mktemp("phi3-draft")
-    return trained_checkpoint(path, "phi3", steps=150, **{**TRAINED, "num_hidden_layers": 1})
-
-
-@pytest.mark.parametrize("method", ["eagle", "medusa", "draft_model"])
-def test_speculative_decoding_equals_plain(trained, draft, tmp_path, method):
-    """EAGLE-3's draft is a Llama layer: it rotates with plain RoPE of the target's base
-    (eagle3.py), which its training learns (60 steps: at the harness's 20 this draft has not
-    yet had a token accepted)."""
-    spec = {
-        "eagle": {**EAGLE, "heads": {"train": {**EAGLE["heads"]["train"], "steps": 60}}},
-        "medusa": MEDUSA,
-        "draft_model": {
-            "method": "draft_model",
-            "num_speculative_tokens": 3,
-            "draft": {"source": {"path": str(draft)}},
-        },
-    }[method]
-    got, want, stats = speculative_and_plain(trained, tmp_path, spec)
-    assert got == want
-    assert stats.num_draft_tokens >= stats.num_accepted_tokens > 0  # Medusa: all, here

@@ -29,16 +29,10 @@ from ingot.pipeline.recipe import load_recipe
 
 from fixtures import write_recipe
 from harness import (
-    EAGLE,
-    MAX_DELTA,
-    SCHEMES,
     TINY,
     WINDOW,
     assert_ir_matches_transformers,
-    gated_build,
-    speculative_and_plain,
     tiny_checkpoint,
-    trained_checkpoint,
 )
 
 EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=96, head_dim=32)
@@ -133,23 +127,3 @@ def test_plan_counts_total_and_active_parameters(qwen3_moe, tmp_path):
     result = CliRunner().invoke(main, ["plan", "--recipe", str(recipe)])
     assert result.exit_code == 0, result.output
     assert "M active: 2 of 4 experts per token" in result.output.splitlines()[0]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A dense layer between two sparse ones, weights not renormalised, trained alike."""
-    features = dict(EXPERTS, norm_topk_prob=False, mlp_only_layers=[1], num_hidden_layers=3)
-    return trained_checkpoint(tmp_path_factory.mktemp("qwen3-moe-trained"), "qwen3_moe", **features)
-
-
-@pytest.mark.parametrize("scheme", ["gptq-w4", "w8a8-int8-kv"])
-def test_quantized_builds_pass_the_gate(trained, tmp_path, scheme):
-    quantize, fields = SCHEMES[scheme]
-    report = gated_build(trained, tmp_path, quantize, **fields)
-    assert report["engine_delta"] < MAX_DELTA
-
-
-def test_eagle_decoding_equals_plain(trained, tmp_path):
-    got, want, stats = speculative_and_plain(trained, tmp_path, EAGLE)
-    assert got == want
-    assert stats.num_draft_tokens >= stats.num_accepted_tokens > 0
