@@ -16,12 +16,12 @@ from typing import Any, Literal
 import onnxruntime as ort
 
 from ..base import GRAPH_INITIALIZERS
+from .rewrite import DATA_FILE, INLINE_MAX, MODEL_FILE
 from .session import ort_optimization_level
 
 __all__ = ["build_onnxruntime_engine", "host_cpu_isa", "ENGINE_NAME", "MODEL_FILE", "DATA_FILE"]
 
 ENGINE_NAME = "onnxruntime-cpu"
-MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 
 # /proc/cpuinfo flag names MLAS dispatches on, in a fixed order (the record must be reproducible).
 _X86_ISA = (
@@ -36,7 +36,6 @@ _X86_ISA = (
     "amx_tile",
 )
 _ARM_ISA = ("asimd", "sve")
-_INLINE_MAX = 1024  # bytes; initializers at least this big go to the external data file
 
 
 def host_cpu_isa(cpuinfo: str | None = None) -> list[str]:
@@ -144,7 +143,7 @@ def _optimizing_options(
         "session.optimized_model_external_initializers_file_name", DATA_FILE
     )
     options.add_session_config_entry(
-        "session.optimized_model_external_initializers_min_size_in_bytes", str(_INLINE_MAX)
+        "session.optimized_model_external_initializers_min_size_in_bytes", str(INLINE_MAX)
     )
     options.add_session_config_entry(
         "session.qdq_matmulnbits_accuracy_level", str(matmul_accuracy_level)

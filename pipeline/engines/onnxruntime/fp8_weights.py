@@ -19,10 +19,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-__all__ = ["fold_fp8_weights"]
+from .rewrite import save_rewritten
 
-MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
-_INLINE_MAX = 1024  # bytes; as the exporter: smaller initializers stay in the proto
+__all__ = ["fold_fp8_weights"]
 
 
 def fold_fp8_weights(onnx_path: Path, out_dir: Path) -> int:
@@ -46,21 +45,11 @@ def fold_fp8_weights(onnx_path: Path, out_dir: Path) -> int:
             raise ValueError(f"{node.name}: FP8 weight scales along axis {axis}, not 1")
         weight = codes.astype(np.float32) * scale  # [K, N]: DequantizeLinear's own products
         folded.append(numpy_helper.from_array(weight, node.output[0]))
-    still_read = {i for n in model.graph.node if n not in folds for i in n.input}
-    kept = [t for t in model.graph.initializer if t.name in still_read]
     remaining = [n for n in model.graph.node if n not in folds]
-    del model.graph.initializer[:], model.graph.node[:]
-    model.graph.initializer.extend(kept + folded)
+    del model.graph.node[:]
     model.graph.node.extend(remaining)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(
-        model,
-        str(out_dir / MODEL_FILE),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=DATA_FILE,
-        size_threshold=_INLINE_MAX,
-    )
+    model.graph.initializer.extend(folded)
+    save_rewritten(model, out_dir)  # the FP8 codes, no longer read, are dropped
     return len(folds)
 
 

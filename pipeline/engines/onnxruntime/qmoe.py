@@ -33,10 +33,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .rewrite import save_rewritten
+
 __all__ = ["fuse_experts", "moe_blocks"]
 
-MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
-_INLINE_MAX = 1024  # bytes; as the exporter: smaller initializers stay in the proto
 _CONTRIB = "com.microsoft"
 _SIGNED_4BIT, _UNSIGNED_4BIT = TensorProto.INT4, TensorProto.UINT4
 
@@ -74,21 +74,9 @@ def fuse_experts(onnx_path: Path, out_dir: Path, accuracy_level: int) -> int:
     onnx.load_external_data_for_model(model, str(onnx_path.parent))
     for m in blocks:
         _replace_block(model.graph, m, accuracy_level)
-    used = {i for n in model.graph.node for i in n.input}
-    kept = [t for t in model.graph.initializer if t.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
     if not any(o.domain == _CONTRIB for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(_CONTRIB, 1))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(
-        model,
-        str(out_dir / MODEL_FILE),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=DATA_FILE,
-        size_threshold=_INLINE_MAX,
-    )
+    save_rewritten(model, out_dir)
     return len(blocks)
 
 
