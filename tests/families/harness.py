@@ -35,27 +35,17 @@ from ingot.pipeline.quantize.apply import quantize_model
 from ingot.pipeline.recipe import load_recipe
 from ingot.runtime import LoadedModel, SamplingParams
 
-from fixtures import write_recipe, write_tokenizer
+from fixtures import BASE, write_recipe, write_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "recipes" / "demo"
 DEMO_TEXT = DEMO / "pydoc-heldin.txt"
 TRAINED_VOCAB = 512
 
-# The shape every family's checks run at (HF key names); a family's test adds its features.
-TINY: dict[str, Any] = dict(
-    vocab_size=320,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-6,
-    bos_token_id=0,
-    eos_token_id=1,
-    pad_token_id=None,
-)
+# The shape every family's checks run at (HF key names): the other tests' tiny Llama, with no
+# padding token (Phi-3's default, 32000, is outside this vocabulary); a family's test adds its
+# features.
+TINY: dict[str, Any] = {**BASE, "pad_token_id": None}
 WINDOW = 16  # the sliding window a family's test gives its local layers
 _HEAD_FLOAT = {"ignore": ["lm_head"]}
 GPTQ_W4 = [{"method": "gptq", "bits": 4, "group_size": 32, "symmetric": True, **_HEAD_FLOAT}]
